@@ -1,0 +1,72 @@
+"""Shared benchmark plumbing: timing, the copy ceiling, run metadata, JSON."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+RESULTS_DIR = Path(__file__).parent / "results"
+
+
+def bench_ms(fn, warmup: int = 25, rep: int = 100) -> float:
+    """Median milliseconds per call, CUDA events, L2 flushed before every call (do_bench).
+
+    The flush (a 256 MB memset) also runs ahead of the CPU, so launch overhead of the call
+    under test is hidden unless it exceeds the flush: this is GPU time on a cold L2."""
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def copy_gbps(nbytes_moved: int, dtype=torch.uint8) -> float:
+    """Device-to-device copy bandwidth (bytes read + written) for a copy moving `nbytes_moved`."""
+    elems = max(1, nbytes_moved // 2 // torch.tensor([], dtype=dtype).element_size())
+    src = torch.randn(elems, device="cuda").to(dtype) if dtype.is_floating_point else torch.randint(0, 255, (elems,), device="cuda", dtype=dtype)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / ms / 1e6
+
+
+def git_commit() -> str:
+    commit = os.environ.get("FLASHEXT_GIT_COMMIT")
+    if commit:
+        return commit
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        return "unknown"
+
+
+def run_metadata() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def output_dir() -> Path:
+    """$OUT when set (the GPU machine's return folder), else benchmarks/results."""
+    out = os.environ.get("OUT")
+    path = Path(out) if out else RESULTS_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_json(name: str, payload: dict) -> Path:
+    path = output_dir() / name
+    path.write_text(json.dumps(payload, indent=1))
+    return path

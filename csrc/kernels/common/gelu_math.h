@@ -1,0 +1,61 @@
+// flashext: GeLU and its derivative in fp32, shared by the CUDA kernels (device) and the C++
+// tests (host). The Triton twin (flashext/triton_ref/gelu.py) writes the same formulas.
+//
+//   exact:  gelu(z)  = z·Φ(z) = ½·z·(1 + erf(z/√2))
+//           gelu'(z) = Φ(z) + z·φ(z),            φ(z) = exp(−z²/2)/√(2π)
+//   tanh:   u = √(2/π)·(z + 0.044715·z³),   t = tanh(u)
+//           gelu(z)  ≈ ½·z·(1 + t)
+//           gelu'(z) ≈ ½·(1 + t) + ½·z·(1 − t²)·√(2/π)·(1 + 3·0.044715·z²)
+#pragma once
+
+#include <cmath>
+
+#include "macros.h"
+
+namespace flashext {
+
+constexpr float kSqrt1_2 = 0.70710678118654752f;      // 1/√2
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1/√(2π)
+constexpr float kSqrt2OverPi = 0.79788456080286536f;  // √(2/π)
+constexpr float kGeluTanhCubic = 0.044715f;
+
+FX_HOST_DEVICE float fast_exp(float v) {
+#if defined(__CUDA_ARCH__)
+  return __expf(v);  // ex2.approx: 2 ulp, ample for the tanh below
+#else
+  return std::exp(v);
+#endif
+}
+
+// tanh(u) = 1 − 2/(e^{2u} + 1): exact limits ±1 when e^{2u} over/underflows, no NaN; the
+// cancellation near u = 0 costs absolute, not relative, error, and gelu multiplies it by ½z.
+FX_HOST_DEVICE float tanh_via_exp(float u) { return 1.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f); }
+
+FX_HOST_DEVICE float gelu_erf(float z) { return 0.5f * z * (1.0f + erff(z * kSqrt1_2)); }
+
+FX_HOST_DEVICE float gelu_erf_grad(float z) {
+  const float cdf = 0.5f * (1.0f + erff(z * kSqrt1_2));
+  const float pdf = kInvSqrt2Pi * fast_exp(-0.5f * z * z);
+  return cdf + z * pdf;
+}
+
+FX_HOST_DEVICE float gelu_tanh(float z) {
+  const float u = kSqrt2OverPi * (z + kGeluTanhCubic * z * z * z);
+  return 0.5f * z * (1.0f + tanh_via_exp(u));
+}
+
+FX_HOST_DEVICE float gelu_tanh_grad(float z) {
+  const float u = kSqrt2OverPi * (z + kGeluTanhCubic * z * z * z);
+  const float t = tanh_via_exp(u);
+  const float du_dz = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhCubic * z * z);
+  return 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * du_dz;
+}
+
+// The one place the two forms are chosen: a uniform runtime branch, not a template.
+FX_HOST_DEVICE float gelu(float z, bool tanh_form) { return tanh_form ? gelu_tanh(z) : gelu_erf(z); }
+
+FX_HOST_DEVICE float gelu_grad(float z, bool tanh_form) {
+  return tanh_form ? gelu_tanh_grad(z) : gelu_erf_grad(z);
+}
+
+}  // namespace flashext

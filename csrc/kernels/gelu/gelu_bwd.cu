@@ -1,0 +1,39 @@
+// flashext GeLU epilogues, backward: grad = grad_out · gelu'(z), and for bias + GeLU the bias
+// gradient Σ_rows grad. Kernel bodies and their header comment: gelu_kernels.cuh.
+#include "gelu_kernels.cuh"
+
+namespace flashext {
+
+using namespace gelu_detail;
+
+cudaError_t run_add_gelu_bwd(const AddGeluBwdParams& p, cudaStream_t stream) {
+  if (p.n < 0) return cudaErrorInvalidValue;
+  if (p.n == 0) return cudaSuccess;
+  const FlatArgs args{p.grad_out, p.x, p.y, p.grad_in, p.n, p.approximate == GeluApprox::kTanh};
+  return dispatch_dtype(p.dtype, [&](auto type_tag) {
+    return launch_add_gelu<decltype(type_tag), /*kBackward=*/true>(args, stream);
+  });
+}
+
+cudaError_t run_bias_gelu_bwd(const BiasGeluBwdParams& p, cudaStream_t stream) {
+  if (p.rows < 0 || p.cols < 0 || p.x_row_stride < p.cols) return cudaErrorInvalidValue;
+  if (p.cols == 0) return cudaSuccess;
+  if (p.rows == 0) {  // Σ over no rows: the bias gradient is zero
+    return cudaMemsetAsync(p.grad_bias, 0, size_t(p.cols) * dtype_size(p.dtype), stream);
+  }
+  if (p.workspace == nullptr) return cudaErrorInvalidValue;
+  const RowColPlan plan = plan_bias_gelu_bwd(p);
+  const RowColArgs args{p.grad_out, p.x, p.bias, p.grad_x, p.workspace, p.rows, p.cols,
+                        p.x_row_stride, plan.rows_per_block, p.approximate == GeluApprox::kTanh};
+  return dispatch_dtype(p.dtype, [&](auto type_tag) {
+    using T = decltype(type_tag);
+    FX_RETURN_IF_ERROR((launch_bias_gelu<T, /*kBackward=*/true>(args, plan, stream)));
+    const dim3 block(kReduceCols, kReduceSlices);
+    const dim3 grid(unsigned(ceil_div(p.cols, kReduceCols)));
+    bias_grad_reduce_kernel<T><<<grid, block, 0, stream>>>(p.workspace, static_cast<T*>(p.grad_bias),
+                                                           plan.grid_y, p.cols);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace flashext

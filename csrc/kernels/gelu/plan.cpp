@@ -1,0 +1,55 @@
+// flashext GeLU epilogues: host-side launch planning (no device code; unit-tested on the CPU).
+#include <algorithm>
+#include <cstdint>
+
+#include "../common/device.h"
+#include "flashext/gelu.h"
+
+namespace flashext {
+
+namespace {
+constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+}  // namespace
+
+RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_groups) {
+  RowColPlan plan;
+  plan.vec = vec;
+  plan.grid_x = std::max<int64_t>(1, ceil_div(cols, int64_t(vec) * RowColPlan::kColThreads));
+  // At least one full unrolled batch of rows per row thread, so the loads overlap.
+  const int64_t min_rows_per_block = int64_t(RowColPlan::kRowThreads) * RowColPlan::kRowUnroll;
+  const int64_t cap = std::max<int64_t>(1, std::min(max_row_groups, kMaxGridY));
+  const int64_t groups = std::clamp<int64_t>(ceil_div(rows, min_rows_per_block), 1, cap);
+  plan.rows_per_block = std::max<int64_t>(1, ceil_div(rows, groups));
+  plan.grid_y = std::max<int64_t>(1, ceil_div(rows, plan.rows_per_block));
+  return plan;
+}
+
+int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int64_t x_row_stride,
+                        DType dtype) {
+  const int vec = 16 / dtype_size(dtype);
+  if (cols % vec != 0 || x_row_stride % vec != 0) return 1;
+  for (int i = 0; i < num_ptrs; ++i) {
+    if (ptrs[i] != nullptr && !aligned16(ptrs[i])) return 1;
+  }
+  return vec;
+}
+
+RowColPlan plan_bias_gelu_bwd(const BiasGeluBwdParams& p) {
+  const void* ptrs[] = {p.grad_out, p.x, p.bias, p.grad_x};
+  const int vec = bias_gelu_vec_width(ptrs, 4, p.cols, p.x_row_stride, p.dtype);
+  // Few row groups keep the fp32 partial sums small next to the tensors (grid_y × cols × 4 B);
+  // about four blocks per SM keep enough loads in flight to saturate HBM.
+  const int64_t target_blocks = 4 * int64_t(std::max(current_device_sm_count(), 1));
+  const int64_t grid_x = ceil_div(p.cols, int64_t(vec) * RowColPlan::kColThreads);
+  return plan_bias_gelu(p.rows, p.cols, vec, std::max<int64_t>(1, ceil_div(target_blocks, grid_x)));
+}
+
+size_t bias_gelu_bwd_workspace_bytes(const BiasGeluBwdParams& p) {
+  if (p.rows <= 0 || p.cols <= 0) return 0;
+  const RowColPlan plan = plan_bias_gelu_bwd(p);
+  return size_t(plan.grid_y) * size_t(p.cols) * sizeof(float);
+}
+
+}  // namespace flashext

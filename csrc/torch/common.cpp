@@ -1,0 +1,82 @@
+#include "common.h"
+
+#include <ATen/MemoryOverlap.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+
+namespace flashext_torch {
+
+namespace {
+
+// Whether this build holds kernels for `device`: queried once per device, then cached.
+bool device_supported(int device, int* major, int* minor) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> cache{};  // 0 unknown, 1 yes, 2 no
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable && cache[device].load(std::memory_order_relaxed) == 1) return true;
+  cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device);
+  const bool ok = flashext::arch_supported(flashext::compiled_cuda_archs(), *major, *minor);
+  if (cacheable) cache[device].store(ok ? 1 : 2, std::memory_order_relaxed);
+  return ok;
+}
+
+}  // namespace
+
+void check_float_cuda_tensor(const char* fn, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.defined(), fn, ": argument '", name, "' is undefined (None)");
+  TORCH_CHECK(t.is_cuda(), fn, ": argument '", name, "' must be a CUDA tensor, got a tensor on ",
+              t.device());
+  const auto type = t.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16, fn,
+              ": argument '", name, "' must be float32, float16 or bfloat16, got ", type);
+  int major = 0, minor = 0;
+  TORCH_CHECK(device_supported(t.get_device(), &major, &minor), fn,
+              ": this build of flashext holds kernels for CUDA archs '",
+              flashext::compiled_cuda_archs(), "', not for the compute capability ", major, ".",
+              minor, " of ", t.device(), "; rebuild with FLASHEXT_CUDA_ARCHS including it");
+}
+
+void check_same_device_dtype(const char* fn, const at::Tensor& ref, const char* ref_name,
+                             const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.defined(), fn, ": argument '", name, "' is undefined (None)");
+  TORCH_CHECK(t.device() == ref.device(), fn, ": argument '", name,
+              "' must be on the same device as '", ref_name, "' (", ref.device(), "), got ",
+              t.device());
+  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), fn, ": argument '", name,
+              "' must have the dtype of '", ref_name, "' (", ref.scalar_type(), "), got ",
+              t.scalar_type());
+}
+
+void check_out_tensor(const char* fn, const at::Tensor& out, const at::Tensor& like,
+                      std::initializer_list<at::Tensor> inputs) {
+  check_same_device_dtype(fn, like, "x", out, "out");
+  TORCH_CHECK(out.sizes() == like.sizes(), fn, ": argument 'out' must have shape ", like.sizes(),
+              ", got ", out.sizes());
+  TORCH_CHECK(out.is_contiguous(), fn, ": argument 'out' must be contiguous");
+  for (const at::Tensor& input : inputs) {
+    TORCH_CHECK(at::get_overlap_status(out, input) != at::MemOverlapStatus::Partial, fn,
+                ": argument 'out' partially overlaps an input; it may alias one exactly or not at all");
+  }
+}
+
+flashext::DType to_kernel_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return flashext::DType::kFloat32;
+    case at::kHalf: return flashext::DType::kFloat16;
+    case at::kBFloat16: return flashext::DType::kBFloat16;
+    default: TORCH_CHECK(false, "flashext: unsupported dtype ", type);
+  }
+}
+
+cudaStream_t current_stream(const at::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
+}
+
+void check_launch(const char* fn, cudaError_t err) {
+  TORCH_CHECK(err == cudaSuccess, fn, ": CUDA error: ", cudaGetErrorString(err));
+}
+
+}  // namespace flashext_torch

@@ -1,0 +1,37 @@
+// flashext torch glue: the input checks and conversions every op family shares.
+// Torch headers stay in csrc/torch; the kernels below csrc/kernels never see them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <string_view>
+
+#include "flashext/common.h"
+
+namespace flashext_torch {
+
+// Refuses anything the kernels cannot take, naming the public function (fn) and the argument:
+// a tensor that is not on a CUDA device, or whose dtype is not float32/float16/bfloat16, or a
+// device this build has no kernels for.
+void check_float_cuda_tensor(const char* fn, const at::Tensor& t, const char* name);
+
+// `t` lives on the same device and has the same dtype as `ref`.
+void check_same_device_dtype(const char* fn, const at::Tensor& ref, const char* ref_name,
+                             const at::Tensor& t, const char* name);
+
+// `out` can receive a result of shape/dtype/device of `like`: contiguous, and not partially
+// overlapping any input (exact aliasing, for in-place use, is allowed).
+void check_out_tensor(const char* fn, const at::Tensor& out, const at::Tensor& like,
+                      std::initializer_list<at::Tensor> inputs);
+
+flashext::DType to_kernel_dtype(at::ScalarType type);
+
+// The stream PyTorch is using on t's device (what graph capture records).
+cudaStream_t current_stream(const at::Tensor& t);
+
+// Raise a Python RuntimeError naming fn when a launch failed.
+void check_launch(const char* fn, cudaError_t err);
+
+}  // namespace flashext_torch

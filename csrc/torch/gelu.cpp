@@ -1,0 +1,211 @@
+// flashext GeLU epilogues: torch glue. Checks inputs (one place for the family), builds the
+// params structs of flashext/gelu.h and launches on the current stream. Schemas: registration.cpp.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+
+#include "common.h"
+#include "flashext/gelu.h"
+
+namespace flashext_torch {
+namespace {
+
+constexpr const char* kAddGelu = "flashext.fused_add_gelu";
+constexpr const char* kBiasGelu = "flashext.bias_gelu";
+
+flashext::GeluApprox parse_approximate(const char* fn, std::string_view approximate) {
+  if (approximate == "none") return flashext::GeluApprox::kNone;
+  if (approximate == "tanh") return flashext::GeluApprox::kTanh;
+  TORCH_CHECK(false, fn, ": argument 'approximate' must be 'none' or 'tanh', got '", approximate, "'");
+}
+
+// ---- add + GeLU: x, y, grad_out of one shape; dense copies of non-contiguous views ----------
+
+void check_add_gelu_inputs(const char* fn, const at::Tensor& x, const at::Tensor& y,
+                           const at::Tensor* grad_out) {
+  check_float_cuda_tensor(fn, x, "x");
+  check_same_device_dtype(fn, x, "x", y, "y");
+  TORCH_CHECK(y.sizes() == x.sizes(), fn, ": argument 'y' must have the shape of 'x' (",
+              x.sizes(), "), got ", y.sizes());
+  if (grad_out != nullptr) {
+    check_same_device_dtype(fn, x, "x", *grad_out, "grad_out");
+    TORCH_CHECK(grad_out->sizes() == x.sizes(), fn, ": argument 'grad_out' must have the shape of 'x' (",
+                x.sizes(), "), got ", grad_out->sizes());
+  }
+}
+
+void launch_add_gelu(const at::Tensor& x_in, const at::Tensor& y_in, const std::string& approximate,
+                     at::Tensor& out) {
+  const auto approx = parse_approximate(kAddGelu, approximate);
+  if (x_in.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous(), y = y_in.contiguous();  // copies only for strided views
+  flashext::AddGeluParams params;
+  params.x = x.data_ptr();
+  params.y = y.data_ptr();
+  params.out = out.data_ptr();
+  params.n = x.numel();
+  params.dtype = to_kernel_dtype(x.scalar_type());
+  params.approximate = approx;
+  check_launch(kAddGelu, flashext::run_add_gelu_fwd(params, current_stream(x)));
+}
+
+at::Tensor add_gelu(const at::Tensor& x, const at::Tensor& y, std::string approximate) {
+  check_add_gelu_inputs(kAddGelu, x, y, nullptr);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  launch_add_gelu(x, y, approximate, out);
+  return out;
+}
+
+void add_gelu_out(const at::Tensor& x, const at::Tensor& y, std::string approximate, at::Tensor out) {
+  check_add_gelu_inputs(kAddGelu, x, y, nullptr);
+  check_out_tensor(kAddGelu, out, x, {x, y});
+  launch_add_gelu(x, y, approximate, out);
+}
+
+at::Tensor add_gelu_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& y,
+                             std::string approximate) {
+  check_add_gelu_inputs(kAddGelu, x, y, &grad_out);
+  const auto approx = parse_approximate(kAddGelu, approximate);
+  at::Tensor grad_in = at::empty(x.sizes(), x.options());
+  if (x.numel() == 0) return grad_in;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor g = grad_out.contiguous(), xc = x.contiguous(), yc = y.contiguous();
+  flashext::AddGeluBwdParams params;
+  params.grad_out = g.data_ptr();
+  params.x = xc.data_ptr();
+  params.y = yc.data_ptr();
+  params.grad_in = grad_in.data_ptr();
+  params.n = x.numel();
+  params.dtype = to_kernel_dtype(x.scalar_type());
+  params.approximate = approx;
+  check_launch(kAddGelu, flashext::run_add_gelu_bwd(params, current_stream(x)));
+  return grad_in;
+}
+
+// ---- bias + GeLU: x viewed as rows × cols (cols = last dim), bias of length cols -----------
+
+void check_bias_gelu_inputs(const char* fn, const at::Tensor& x, const at::Tensor& bias,
+                            const at::Tensor* grad_out) {
+  check_float_cuda_tensor(fn, x, "x");
+  check_same_device_dtype(fn, x, "x", bias, "bias");
+  TORCH_CHECK(x.dim() >= 1, fn, ": argument 'x' must have at least one dimension, got a scalar");
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), fn,
+              ": argument 'bias' must be 1-D of length x.shape[-1] = ", x.size(-1), ", got shape ",
+              bias.sizes());
+  if (grad_out != nullptr) {
+    check_same_device_dtype(fn, x, "x", *grad_out, "grad_out");
+    TORCH_CHECK(grad_out->sizes() == x.sizes(), fn, ": argument 'grad_out' must have the shape of 'x' (",
+                x.sizes(), "), got ", grad_out->sizes());
+  }
+}
+
+// x as rows × cols with a row stride, without a copy when its layout allows: last dim
+// contiguous and the leading dims collapsible into one (e.g. a column slice of a wider matrix).
+struct RowView {
+  at::Tensor tensor;  // x itself, or a contiguous copy
+  int64_t rows, cols, row_stride;
+};
+
+RowView row_view(const at::Tensor& x) {
+  const int64_t cols = x.size(-1);
+  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  int64_t row_stride = cols;
+  bool strided_ok = x.size(-1) <= 1 || x.stride(-1) == 1;
+  int64_t expected = -1;  // stride the next leading dim must have, once one is seen
+  for (int64_t d = x.dim() - 2; d >= 0 && strided_ok; --d) {
+    if (x.size(d) == 1) continue;
+    if (expected < 0) {
+      row_stride = x.stride(d);
+      strided_ok = row_stride >= cols;  // rows must not overlap
+    } else {
+      strided_ok = x.stride(d) == expected;
+    }
+    expected = x.stride(d) * x.size(d);
+  }
+  if (strided_ok) return {x, rows, cols, row_stride};
+  return {x.contiguous(), rows, cols, cols};
+}
+
+void launch_bias_gelu(const at::Tensor& x, const at::Tensor& bias, const std::string& approximate,
+                      at::Tensor& out) {
+  const auto approx = parse_approximate(kBiasGelu, approximate);
+  if (x.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const RowView view = row_view(x);
+  const at::Tensor b = bias.contiguous();
+  flashext::BiasGeluParams params;
+  params.x = view.tensor.data_ptr();
+  params.bias = b.data_ptr();
+  params.out = out.data_ptr();
+  params.rows = view.rows;
+  params.cols = view.cols;
+  params.x_row_stride = view.row_stride;
+  params.dtype = to_kernel_dtype(x.scalar_type());
+  params.approximate = approx;
+  check_launch(kBiasGelu, flashext::run_bias_gelu_fwd(params, current_stream(x)));
+}
+
+at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, std::string approximate) {
+  check_bias_gelu_inputs(kBiasGelu, x, bias, nullptr);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  launch_bias_gelu(x, bias, approximate, out);
+  return out;
+}
+
+void bias_gelu_out(const at::Tensor& x, const at::Tensor& bias, std::string approximate, at::Tensor out) {
+  check_bias_gelu_inputs(kBiasGelu, x, bias, nullptr);
+  check_out_tensor(kBiasGelu, out, x, {x, bias});
+  launch_bias_gelu(x, bias, approximate, out);
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_out, const at::Tensor& x,
+                                                      const at::Tensor& bias, std::string approximate) {
+  check_bias_gelu_inputs(kBiasGelu, x, bias, &grad_out);
+  const auto approx = parse_approximate(kBiasGelu, approximate);
+  at::Tensor grad_x = at::empty(x.sizes(), x.options());
+  if (x.size(-1) == 0) return {grad_x, at::empty(bias.sizes(), bias.options())};
+  if (x.numel() == 0) return {grad_x, at::zeros(bias.sizes(), bias.options())};
+  const c10::cuda::CUDAGuard guard(x.device());
+  const RowView view = row_view(x);
+  const at::Tensor g = grad_out.contiguous(), b = bias.contiguous();
+  at::Tensor grad_bias = at::empty(bias.sizes(), bias.options());
+  flashext::BiasGeluBwdParams params;
+  params.grad_out = g.data_ptr();
+  params.x = view.tensor.data_ptr();
+  params.bias = b.data_ptr();
+  params.grad_x = grad_x.data_ptr();
+  params.grad_bias = grad_bias.data_ptr();
+  params.rows = view.rows;
+  params.cols = view.cols;
+  params.x_row_stride = view.row_stride;
+  params.dtype = to_kernel_dtype(x.scalar_type());
+  params.approximate = approx;
+  // Partial column sums come from PyTorch's caching allocator (graph-capture safe).
+  const int64_t workspace_floats = int64_t(flashext::bias_gelu_bwd_workspace_bytes(params) / sizeof(float));
+  at::Tensor workspace = at::empty({workspace_floats}, x.options().dtype(at::kFloat));
+  params.workspace = workspace.data_ptr<float>();
+  check_launch(kBiasGelu, flashext::run_bias_gelu_bwd(params, current_stream(x)));
+  return {grad_x, grad_bias};
+}
+
+void register_gelu_impls(torch::Library& m) {
+  m.impl("add_gelu", &add_gelu);
+  m.impl("add_gelu_out", &add_gelu_out);
+  m.impl("add_gelu_backward", &add_gelu_backward);
+  m.impl("bias_gelu", &bias_gelu);
+  m.impl("bias_gelu_out", &bias_gelu_out);
+  m.impl("bias_gelu_backward", &bias_gelu_backward);
+}
+
+}  // namespace
+
+// CUDA tensors run the kernels; CPU tensors reach the same checks, which refuse them by name.
+TORCH_LIBRARY_IMPL(flashext, CUDA, m) { register_gelu_impls(m); }
+TORCH_LIBRARY_IMPL(flashext, CPU, m) { register_gelu_impls(m); }
+
+}  // namespace flashext_torch

@@ -1,0 +1,43 @@
+// flashext._C: the Python module that loads the ops into torch.ops.flashext. It holds no
+// functions (the ops are reached through the dispatcher), only what the build contains.
+#include <Python.h>
+#include <cuda_runtime_api.h>
+
+#include "flashext/common.h"
+
+namespace {
+
+// _C.arch_supported(major, minor) -> bool: whether this build runs on that compute capability.
+PyObject* arch_supported(PyObject*, PyObject* args) {
+  int major = 0, minor = 0;
+  if (!PyArg_ParseTuple(args, "ii", &major, &minor)) return nullptr;
+  return PyBool_FromLong(flashext::arch_supported(flashext::compiled_cuda_archs(), major, minor));
+}
+
+PyMethodDef flashext_methods[] = {
+    {"arch_supported", arch_supported, METH_VARARGS,
+     "arch_supported(major, minor) -> bool: whether this build holds kernels for that device"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef flashext_module = {
+    PyModuleDef_HEAD_INIT,
+    "_C",
+    "flashext CUDA kernels; ops are registered under torch.ops.flashext",
+    -1,
+    flashext_methods,
+};
+
+}  // namespace
+
+extern "C" PyMODINIT_FUNC PyInit__C(void) {
+  PyObject* module = PyModule_Create(&flashext_module);
+  if (module == nullptr) return nullptr;
+  if (PyModule_AddStringConstant(module, "cuda_archs", flashext::compiled_cuda_archs()) < 0 ||
+      PyModule_AddIntConstant(module, "cuda_runtime_version", CUDART_VERSION) < 0 ||
+      PyModule_AddStringConstant(module, "kernels", flashext::compiled_kernels()) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

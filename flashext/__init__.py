@@ -1,0 +1,16 @@
+"""flashext: hand-written CUDA kernels for PyTorch.
+
+    import flashext
+    out = flashext.fused_add_gelu(x, y)          # gelu(x + y), one pass over HBM
+    out = flashext.bias_gelu(x, bias)            # gelu(x + bias), the epilogue after a Linear
+
+Every op is a torch.library custom op (torch.ops.flashext.*) with a fake kernel and an autograd
+formula, so it works in eager mode, under autograd, torch.compile(fullgraph=True) and CUDA graphs.
+"""
+
+__version__ = "0.1.0"
+
+from ._build import build_info
+from .gelu import bias_gelu, fused_add_gelu
+
+__all__ = ["__version__", "build_info", "fused_add_gelu", "bias_gelu"]

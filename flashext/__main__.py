@@ -1,0 +1,135 @@
+"""python -m flashext: check every kernel against the reference on fresh random data, then time it.
+
+With a GPU: the CUDA kernels (forward and backward, each dtype, both GeLU forms) and their Triton
+twins are judged by flashext.testing's rule, and a short table compares their speed with eager
+PyTorch and a device-to-device copy. Without one: says so, runs the Triton twins under the
+interpreter on the CPU against the reference, and exits 0. Exits 1 when any check fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+
+def _cases(device: str, n: int, shape: tuple[int, int]):
+    """(name, run, reference, pytorch-in-dtype baseline, factor) for every op, dtype and form."""
+    import torch.nn.functional as F
+
+    from flashext import reference as ref
+    from flashext.testing import FORWARD_FACTOR, GRADIENT_FACTOR
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for approx in ("none", "tanh"):
+            x = (torch.randn(n, device=device) * 2).to(dtype)
+            y = (torch.randn(n, device=device) * 2).to(dtype)
+            g = torch.randn(n, device=device).to(dtype)
+            xb = (torch.randn(*shape, device=device) * 2).to(dtype)
+            b = torch.randn(shape[1], device=device).to(dtype)
+            gb = torch.randn(*shape, device=device).to(dtype)
+            tag = f"{str(dtype).removeprefix('torch.'):8s} {approx:4s}"
+            base_bwd = torch.ops.aten.gelu_backward(gb, xb + b, approximate=approx)
+            want_gx, want_gb = ref.bias_gelu_backward(gb, xb, b, approx)
+            yield (f"add_gelu      fwd {tag}", ("add", x, y, approx), ref.add_gelu(x, y, approx),
+                   F.gelu(x + y, approximate=approx), FORWARD_FACTOR)
+            yield (f"add_gelu      bwd {tag}", ("add_bwd", g, x, y, approx), ref.add_gelu_backward(g, x, y, approx),
+                   torch.ops.aten.gelu_backward(g, x + y, approximate=approx), GRADIENT_FACTOR)
+            yield (f"bias_gelu     fwd {tag}", ("bias", xb, b, approx), ref.bias_gelu(xb, b, approx),
+                   F.gelu(xb + b, approximate=approx), FORWARD_FACTOR)
+            yield (f"bias_gelu dx  bwd {tag}", ("bias_bwd_x", gb, xb, b, approx), want_gx, base_bwd, GRADIENT_FACTOR)
+            yield (f"bias_gelu db  bwd {tag}", ("bias_bwd_b", gb, xb, b, approx), want_gb,
+                   base_bwd.sum(0), GRADIENT_FACTOR)
+
+
+def _run(impl, call):
+    kind, *args = call
+    if kind == "add":
+        return impl["add"](*args)
+    if kind == "add_bwd":
+        return impl["add_bwd"](*args)
+    if kind == "bias":
+        return impl["bias"](*args)
+    grad_x, grad_b = impl["bias_bwd"](*args)
+    return grad_x if kind == "bias_bwd_x" else grad_b
+
+
+def _check(impls: dict, device: str, n: int, shape) -> bool:
+    from flashext.testing import judge
+
+    all_ok = True
+    print(f"{'kernel':34s} " + "  ".join(f"{name:>24s}" for name in impls))
+    for name, call, want, base, factor in _cases(device, n, shape):
+        cells = []
+        for impl in impls.values():
+            verdict = judge(name, _run(impl, call), want, base, factor)
+            all_ok &= verdict.ok
+            cells.append(f"{verdict.error:9.2e} <= {verdict.allowed:8.2e} {'ok' if verdict.ok else 'FAIL'}")
+        print(f"{name:34s} " + "  ".join(f"{c:>24s}" for c in cells))
+    return all_ok
+
+
+def _speed_table() -> None:
+    import torch.nn.functional as F
+    import triton.testing
+
+    print("\nspeed, GB/s (tensors moved / median time, L2 flushed; copy = same bytes, device to device)")
+    ops = torch.ops.flashext
+    for dtype in (torch.float32, torch.bfloat16):
+        n = 2**26
+        x, y = torch.randn(n, device="cuda").to(dtype), torch.randn(n, device="cuda").to(dtype)
+        es = x.element_size()
+        src = torch.empty(3 * n // 2, device="cuda", dtype=dtype).normal_()
+        dst = torch.empty_like(src)
+        timed = {
+            "flashext add_gelu": lambda: ops.add_gelu(x, y, "none"),
+            "eager F.gelu(x + y)": lambda: F.gelu(x + y),
+            "copy (same bytes)": lambda: dst.copy_(src),
+        }
+        for label, fn in timed.items():
+            ms = triton.testing.do_bench(fn, return_mode="median")
+            print(f"  {str(dtype).removeprefix('torch.'):8s} n=2^26  {label:22s} {3 * n * es / ms / 1e6:8.0f}")
+
+
+def main() -> int:
+    import flashext
+
+    info = flashext.build_info()
+    print(f"flashext {flashext.__version__}: " + ", ".join(f"{k}={v}" for k, v in info.items() if k != "version"))
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # fresh data every run
+
+    if not torch.cuda.is_available():
+        print("No CUDA device is visible: the CUDA kernels cannot run here. Checking the Triton twins "
+              "in interpreter mode (TRITON_INTERPRET=1) on the CPU instead.\n")
+        from flashext.triton_ref import gelu as twin
+
+        impls = {"triton twin (interpreter)": {"add": twin.add_gelu, "add_bwd": twin.add_gelu_backward,
+                                               "bias": twin.bias_gelu, "bias_bwd": twin.bias_gelu_backward}}
+        ok = _check(impls, "cpu", 4099, (37, 264))
+        print("\nall checks passed" if ok else "\nSOME CHECKS FAILED")
+        return 0 if ok else 1
+
+    if not info.get("device_supported", False):
+        print(f"This build ({info.get('cuda_archs')}) has no kernels for {info.get('device')} "
+              f"(compute capability {info.get('device_capability')}); rebuild with FLASHEXT_CUDA_ARCHS.")
+        return 1
+    from flashext.triton_ref import gelu as twin
+
+    ops = torch.ops.flashext
+    impls = {
+        "flashext CUDA": {"add": ops.add_gelu, "add_bwd": ops.add_gelu_backward, "bias": ops.bias_gelu,
+                          "bias_bwd": ops.bias_gelu_backward},
+        "triton twin": {"add": twin.add_gelu, "add_bwd": twin.add_gelu_backward, "bias": twin.bias_gelu,
+                        "bias_bwd": twin.bias_gelu_backward},
+    }
+    ok = _check(impls, "cuda", 2**20 + 3, (1027, 1024))
+    _speed_table()
+    print("\nall checks passed" if ok else "\nSOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before flashext.triton_ref is imported
+    sys.exit(main())

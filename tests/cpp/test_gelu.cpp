@@ -1,0 +1,306 @@
+// flashext GeLU epilogues from C++: the torch-free launch API (flashext/gelu.h) against a CPU
+// reference in double. Host tests (GeLU math, launch planning, arch parsing) always run; GPU
+// tests GTEST_SKIP() when no CUDA device is present.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/gelu_math.h"
+#include "flashext/gelu.h"
+
+namespace {
+
+using flashext::DType;
+using flashext::GeluApprox;
+
+// ---- double-precision reference -------------------------------------------------------------
+
+double ref_gelu(double z, bool tanh_form) {
+  if (tanh_form) {
+    const double u = std::sqrt(2.0 / M_PI) * (z + 0.044715 * z * z * z);
+    return 0.5 * z * (1.0 + std::tanh(u));
+  }
+  return 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)));
+}
+
+double ref_gelu_grad(double z, bool tanh_form) {
+  if (tanh_form) {
+    const double k = std::sqrt(2.0 / M_PI);
+    const double t = std::tanh(k * (z + 0.044715 * z * z * z));
+    return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * z * z);
+  }
+  return 0.5 * (1.0 + std::erf(z / std::sqrt(2.0))) + z * std::exp(-0.5 * z * z) / std::sqrt(2.0 * M_PI);
+}
+
+// ---- host tests: the math the kernels share -------------------------------------------------
+
+TEST(GeluMath, MatchesDoubleReference) {
+  for (int tanh_form = 0; tanh_form < 2; ++tanh_form) {
+    double worst = 0.0, worst_grad = 0.0;
+    for (int i = -4000; i <= 4000; ++i) {
+      const float z = float(i) / 400.0f;  // [-10, 10]
+      worst = std::max(worst, std::abs(flashext::gelu(z, tanh_form) - ref_gelu(z, tanh_form)));
+      worst_grad = std::max(worst_grad, std::abs(flashext::gelu_grad(z, tanh_form) - ref_gelu_grad(z, tanh_form)));
+    }
+    EXPECT_LT(worst, 5e-6) << "tanh_form=" << tanh_form;
+    EXPECT_LT(worst_grad, 5e-6) << "tanh_form=" << tanh_form;
+  }
+}
+
+TEST(GeluMath, TanhViaExpHasExactLimits) {
+  EXPECT_EQ(flashext::tanh_via_exp(1e4f), 1.0f);
+  EXPECT_EQ(flashext::tanh_via_exp(-1e4f), -1.0f);
+  EXPECT_EQ(flashext::gelu_tanh(-1e4f), -0.0f);
+  EXPECT_FALSE(std::isnan(flashext::gelu_tanh_grad(1e4f)));
+  EXPECT_FALSE(std::isnan(flashext::gelu_erf_grad(-1e4f)));
+}
+
+// ---- host tests: launch planning ------------------------------------------------------------
+
+TEST(BiasGeluPlan, CoversEveryRowAndColumnOnce) {
+  using flashext::RowColPlan;
+  const int64_t cases[][2] = {{1, 1}, {7, 3}, {256, 16384}, {8192, 16384}, {1, 1 << 30},
+                              {int64_t(1) << 31, 1}, {100003, 24}, {33, 4096}};
+  for (const auto& c : cases) {
+    for (int vec : {1, 4, 8}) {
+      for (int64_t max_groups : {int64_t(1), int64_t(66), int64_t(INT64_MAX)}) {
+        const int64_t rows = c[0], cols = c[1];
+        const RowColPlan plan = flashext::plan_bias_gelu(rows, cols, vec, max_groups);
+        SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " vec " + std::to_string(vec));
+        EXPECT_GE(plan.grid_x * RowColPlan::kColThreads * vec, cols);
+        EXPECT_LT((plan.grid_x - 1) * RowColPlan::kColThreads * vec, cols);
+        EXPECT_GE(plan.grid_y * plan.rows_per_block, rows);  // every row has a group
+        EXPECT_LT((plan.grid_y - 1) * plan.rows_per_block, rows);  // no empty group
+        EXPECT_LE(plan.grid_y, std::min<int64_t>(max_groups, 65535));
+        EXPECT_GE(plan.grid_y, 1);
+      }
+    }
+  }
+}
+
+TEST(BiasGeluPlan, VectorWidthFollowsAlignment) {
+  alignas(16) static char buffer[256];
+  const void* aligned[] = {buffer, buffer + 32};
+  const void* shifted[] = {buffer, buffer + 2};
+  EXPECT_EQ(flashext::bias_gelu_vec_width(aligned, 2, 64, 64, DType::kBFloat16), 8);
+  EXPECT_EQ(flashext::bias_gelu_vec_width(aligned, 2, 64, 64, DType::kFloat32), 4);
+  EXPECT_EQ(flashext::bias_gelu_vec_width(shifted, 2, 64, 64, DType::kBFloat16), 1);
+  EXPECT_EQ(flashext::bias_gelu_vec_width(aligned, 2, 60, 64, DType::kBFloat16), 1);  // cols % 8
+  EXPECT_EQ(flashext::bias_gelu_vec_width(aligned, 2, 64, 68, DType::kBFloat16), 1);  // stride % 8
+}
+
+TEST(BuildInfo, ArchListParsing) {
+  EXPECT_TRUE(flashext::arch_supported("90a", 9, 0));
+  EXPECT_FALSE(flashext::arch_supported("90a", 8, 0));
+  EXPECT_FALSE(flashext::arch_supported("90a", 10, 0));
+  EXPECT_TRUE(flashext::arch_supported("90a;80", 8, 6));  // sm_80 code runs on 8.6
+  EXPECT_FALSE(flashext::arch_supported("86", 8, 0));
+  EXPECT_TRUE(flashext::arch_supported("8.0 9.0a", 9, 0));
+  EXPECT_FALSE(flashext::arch_supported("", 9, 0));
+  EXPECT_NE(std::string(flashext::compiled_kernels()).find("bias_gelu_bwd"), std::string::npos);
+}
+
+// ---- GPU tests ------------------------------------------------------------------------------
+
+bool has_device() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!has_device()) GTEST_SKIP() << "no CUDA device"
+
+// Storage conversions on the host.
+template <typename T> float to_float(T v);
+template <> float to_float(float v) { return v; }
+template <> float to_float(__half v) { return __half2float(v); }
+template <> float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> T from_float(float v);
+template <> float from_float(float v) { return v; }
+template <> __half from_float(float v) { return __float2half_rn(v); }
+template <> __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::kFloat32; }
+template <> constexpr DType dtype_of<__half>() { return DType::kFloat16; }
+template <> constexpr DType dtype_of<__nv_bfloat16>() { return DType::kBFloat16; }
+
+// One rounding of the exact value: a relative ulp of the storage type, plus fp32 math slack.
+template <typename T> double tolerance(double ref) {
+  const double ulp = sizeof(T) == 4 ? 2e-6 : (std::is_same_v<T, __half> ? 1.0 / 1024 : 1.0 / 128);
+  return ulp * std::max(1.0, std::abs(ref));
+}
+
+// Device buffer of n elements, filled with NaN bytes (0xFF) so unwritten outputs show.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t nbytes) : bytes(nbytes) {
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(nbytes, 16)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(ptr, 0xFF, std::max<size_t>(nbytes, 16)), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  template <typename T> T* at(size_t offset_elems) { return static_cast<T*>(ptr) + offset_elems; }
+};
+
+template <typename T>
+std::vector<T> random_values(size_t n, std::mt19937& rng, float scale = 2.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<T> values(n);
+  for (auto& v : values) v = from_float<T>(dist(rng));
+  return values;
+}
+
+template <typename T>
+void run_add_gelu_case(int64_t n, int offset, GeluApprox approx) {
+  SCOPED_TRACE("n=" + std::to_string(n) + " offset=" + std::to_string(offset) + " dtype=" +
+               flashext::dtype_name(dtype_of<T>()) + " tanh=" + std::to_string(int(approx)));
+  std::mt19937 rng(uint32_t(n * 31 + offset));
+  const auto x = random_values<T>(n, rng), y = random_values<T>(n, rng), g = random_values<T>(n, rng, 1.0f);
+  const size_t bytes = (n + offset) * sizeof(T);
+  DeviceBuffer dx(bytes), dy(bytes), dg(bytes), dout(bytes), dgrad(bytes);
+  // `offset` elements in: pointers that are not 16-byte aligned take the scalar path.
+  cudaMemcpy(dx.at<T>(offset), x.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+  cudaMemcpy(dy.at<T>(offset), y.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+  cudaMemcpy(dg.at<T>(offset), g.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+
+  flashext::AddGeluParams fwd;
+  fwd.x = dx.at<T>(offset);
+  fwd.y = dy.at<T>(offset);
+  fwd.out = dout.at<T>(0);
+  fwd.n = n;
+  fwd.dtype = dtype_of<T>();
+  fwd.approximate = approx;
+  ASSERT_EQ(flashext::run_add_gelu_fwd(fwd, nullptr), cudaSuccess);
+  flashext::AddGeluBwdParams bwd;
+  bwd.grad_out = dg.at<T>(offset);
+  bwd.x = fwd.x;
+  bwd.y = fwd.y;
+  bwd.grad_in = dgrad.at<T>(0);
+  bwd.n = n;
+  bwd.dtype = fwd.dtype;
+  bwd.approximate = approx;
+  ASSERT_EQ(flashext::run_add_gelu_bwd(bwd, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  std::vector<T> out(n), grad(n);
+  cudaMemcpy(out.data(), fwd.out, n * sizeof(T), cudaMemcpyDeviceToHost);
+  cudaMemcpy(grad.data(), bwd.grad_in, n * sizeof(T), cudaMemcpyDeviceToHost);
+  const bool tanh_form = approx == GeluApprox::kTanh;
+  for (int64_t i = 0; i < n; ++i) {
+    const double z = double(to_float(x[i])) + double(to_float(y[i]));
+    const double want = ref_gelu(z, tanh_form), want_grad = to_float(g[i]) * ref_gelu_grad(z, tanh_form);
+    ASSERT_NEAR(to_float(out[i]), want, tolerance<T>(want)) << "out[" << i << "]";
+    ASSERT_NEAR(to_float(grad[i]), want_grad, tolerance<T>(want_grad)) << "grad[" << i << "]";
+  }
+}
+
+template <typename T>
+void run_bias_gelu_case(int64_t rows, int64_t cols, int64_t row_stride, GeluApprox approx) {
+  SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " stride " + std::to_string(row_stride) +
+               " dtype=" + flashext::dtype_name(dtype_of<T>()));
+  std::mt19937 rng(uint32_t(rows * 131 + cols));
+  const auto x = random_values<T>(rows * row_stride, rng), bias = random_values<T>(cols, rng),
+             g = random_values<T>(rows * cols, rng, 1.0f);
+  DeviceBuffer dx(x.size() * sizeof(T)), db(cols * sizeof(T)), dg(g.size() * sizeof(T)),
+      dout(g.size() * sizeof(T)), dgx(g.size() * sizeof(T)), dgb(cols * sizeof(T));
+  cudaMemcpy(dx.ptr, x.data(), x.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaMemcpy(db.ptr, bias.data(), cols * sizeof(T), cudaMemcpyHostToDevice);
+  cudaMemcpy(dg.ptr, g.data(), g.size() * sizeof(T), cudaMemcpyHostToDevice);
+
+  flashext::BiasGeluParams fwd;
+  fwd.x = dx.ptr;
+  fwd.bias = db.ptr;
+  fwd.out = dout.ptr;
+  fwd.rows = rows;
+  fwd.cols = cols;
+  fwd.x_row_stride = row_stride;
+  fwd.dtype = dtype_of<T>();
+  fwd.approximate = approx;
+  ASSERT_EQ(flashext::run_bias_gelu_fwd(fwd, nullptr), cudaSuccess);
+
+  flashext::BiasGeluBwdParams bwd;
+  bwd.grad_out = dg.ptr;
+  bwd.x = dx.ptr;
+  bwd.bias = db.ptr;
+  bwd.grad_x = dgx.ptr;
+  bwd.grad_bias = dgb.ptr;
+  bwd.rows = rows;
+  bwd.cols = cols;
+  bwd.x_row_stride = row_stride;
+  bwd.dtype = fwd.dtype;
+  bwd.approximate = approx;
+  EXPECT_EQ(flashext::run_bias_gelu_bwd(bwd, nullptr), cudaErrorInvalidValue);  // no workspace yet
+  DeviceBuffer workspace(flashext::bias_gelu_bwd_workspace_bytes(bwd));
+  bwd.workspace = static_cast<float*>(workspace.ptr);
+  ASSERT_EQ(flashext::run_bias_gelu_bwd(bwd, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  std::vector<T> out(g.size()), gx(g.size()), gb(cols);
+  cudaMemcpy(out.data(), dout.ptr, g.size() * sizeof(T), cudaMemcpyDeviceToHost);
+  cudaMemcpy(gx.data(), dgx.ptr, g.size() * sizeof(T), cudaMemcpyDeviceToHost);
+  cudaMemcpy(gb.data(), dgb.ptr, cols * sizeof(T), cudaMemcpyDeviceToHost);
+  const bool tanh_form = approx == GeluApprox::kTanh;
+  std::vector<double> bias_sum(cols, 0.0), bias_abs(cols, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const double z = double(to_float(x[r * row_stride + c])) + double(to_float(bias[c]));
+      const double want = ref_gelu(z, tanh_form);
+      const double want_grad = to_float(g[r * cols + c]) * ref_gelu_grad(z, tanh_form);
+      bias_sum[c] += want_grad;
+      bias_abs[c] += std::abs(want_grad);
+      ASSERT_NEAR(to_float(out[r * cols + c]), want, tolerance<T>(want)) << "out[" << r << "," << c << "]";
+      ASSERT_NEAR(to_float(gx[r * cols + c]), want_grad, tolerance<T>(want_grad)) << "grad_x[" << r << "," << c << "]";
+    }
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    // fp32 accumulation: error grows with the sum of magnitudes, then one rounding to T
+    ASSERT_NEAR(to_float(gb[c]), bias_sum[c], 1e-6 * bias_abs[c] + tolerance<T>(bias_sum[c])) << "grad_bias[" << c << "]";
+  }
+}
+
+template <typename T>
+class GeluKernels : public ::testing::Test {};
+using StorageTypes = ::testing::Types<float, __half, __nv_bfloat16>;
+TYPED_TEST_SUITE(GeluKernels, StorageTypes);
+
+TYPED_TEST(GeluKernels, AddGeluAgainstCpuReference) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t n : {1, 7, 1023, 100003}) {
+    for (int offset : {0, 1}) {
+      for (GeluApprox approx : {GeluApprox::kNone, GeluApprox::kTanh}) run_add_gelu_case<TypeParam>(n, offset, approx);
+    }
+  }
+}
+
+TYPED_TEST(GeluKernels, BiasGeluAgainstCpuReference) {
+  SKIP_WITHOUT_GPU();
+  run_bias_gelu_case<TypeParam>(1, 1, 1, GeluApprox::kNone);
+  run_bias_gelu_case<TypeParam>(7, 13, 13, GeluApprox::kTanh);  // scalar path (cols % vec)
+  run_bias_gelu_case<TypeParam>(113, 256, 256, GeluApprox::kNone);
+  run_bias_gelu_case<TypeParam>(300, 264, 1000, GeluApprox::kTanh);  // strided rows
+  run_bias_gelu_case<TypeParam>(2049, 64, 64, GeluApprox::kNone);  // several row groups
+}
+
+TEST(GeluKernels, RefusesBadSizes) {
+  flashext::AddGeluParams add;
+  add.n = -1;
+  EXPECT_EQ(flashext::run_add_gelu_fwd(add, nullptr), cudaErrorInvalidValue);
+  flashext::BiasGeluParams bias;
+  bias.rows = 4;
+  bias.cols = 8;
+  bias.x_row_stride = 4;  // rows would overlap
+  EXPECT_EQ(flashext::run_bias_gelu_fwd(bias, nullptr), cudaErrorInvalidValue);
+  add.n = 0;  // empty: nothing to launch
+  EXPECT_EQ(flashext::run_add_gelu_fwd(add, nullptr), cudaSuccess);
+}
+
+}  // namespace

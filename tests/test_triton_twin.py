@@ -1,0 +1,46 @@
+"""The Triton twins (flashext/triton_ref/gelu.py) against the reference, by the same rule as the
+CUDA kernels. Without a GPU they run on CPU tensors under the Triton interpreter
+(TRITON_INTERPRET=1, set in conftest.py), so the twins are tested in CI too."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashext import reference as ref
+from flashext.testing import GRADIENT_FACTOR, assert_close
+from flashext.triton_ref import gelu as twin
+from tests.conftest import HAS_CUDA
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def randn(*shape, dtype, scale=2.0):
+    return (torch.randn(*shape, device=DEVICE) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1023, 5000] + ([2**20 + 3] if HAS_CUDA else []))
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_twin_add_gelu(dtype, approximate, n):
+    x, y, g = randn(n, dtype=dtype), randn(n, dtype=dtype), randn(n, dtype=dtype, scale=1.0)
+    assert_close("twin add_gelu", twin.add_gelu(x, y, approximate), ref.add_gelu(x, y, approximate),
+                 F.gelu(x + y, approximate=approximate))
+    assert_close("twin add_gelu grad", twin.add_gelu_backward(g, x, y, approximate),
+                 ref.add_gelu_backward(g, x, y, approximate),
+                 torch.ops.aten.gelu_backward(g, x + y, approximate=approximate), GRADIENT_FACTOR)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (37, 300), (3, 5, 64)] + ([(4096, 1000)] if HAS_CUDA else []))
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_twin_bias_gelu(dtype, approximate, shape):
+    x, g = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype, scale=1.0)
+    b = randn(shape[-1], dtype=dtype)
+    assert_close("twin bias_gelu", twin.bias_gelu(x, b, approximate), ref.bias_gelu(x, b, approximate),
+                 F.gelu(x + b, approximate=approximate))
+    grad_x, grad_bias = twin.bias_gelu_backward(g, x, b, approximate)
+    want_x, want_bias = ref.bias_gelu_backward(g, x, b, approximate)
+    base_x = torch.ops.aten.gelu_backward(g, x + b, approximate=approximate)
+    assert_close("twin bias_gelu grad_x", grad_x, want_x, base_x, GRADIENT_FACTOR)
+    assert_close("twin bias_gelu grad_bias", grad_bias, want_bias, base_x.reshape(-1, shape[-1]).sum(0), GRADIENT_FACTOR)
