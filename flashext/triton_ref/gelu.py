@@ -16,10 +16,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-kSqrt1_2: tl.constexpr = 0.70710678118654752  # 1/√2
-kInvSqrt2Pi: tl.constexpr = 0.39894228040143268  # 1/√(2π)
-kSqrt2OverPi: tl.constexpr = 0.79788456080286536  # √(2/π)
-kGeluTanhCubic: tl.constexpr = 0.044715
+kSqrt1_2 = tl.constexpr(0.70710678118654752)  # 1/√2
+kInvSqrt2Pi = tl.constexpr(0.39894228040143268)  # 1/√(2π)
+kSqrt2OverPi = tl.constexpr(0.79788456080286536)  # √(2/π)
+kGeluTanhCubic = tl.constexpr(0.044715)
 
 FLAT_BLOCK = 1024
 FLAT_UNROLL = 4
@@ -29,16 +29,19 @@ BIAS_MIN_ROWS_PER_BLOCK = 32
 
 
 @triton.jit
-def tanh_via_exp(u):
-    # tanh(u) = 1 − 2/(e^{2u} + 1): exact ±1 limits when e^{2u} over/underflows
-    return 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+def tanh_parts(u):
+    # e = e^{2u}, r = 1/(e + 1):  1 + t = 2e·r,  1 − t² = 4e·r²  (no cancellation as |t| → 1)
+    e = tl.exp(2.0 * tl.minimum(tl.maximum(u, -40.0), 40.0))
+    r = 1.0 / (e + 1.0)
+    return 2.0 * e * r, 4.0 * (e * r) * r
 
 
 @triton.jit
 def gelu(z, TANH: tl.constexpr):
     if TANH:
         u = kSqrt2OverPi * (z + kGeluTanhCubic * z * z * z)
-        return 0.5 * z * (1.0 + tanh_via_exp(u))
+        one_plus_t, sech2 = tanh_parts(u)
+        return 0.5 * z * one_plus_t
     else:
         return 0.5 * z * (1.0 + tl.math.erf(z * kSqrt1_2))
 
@@ -47,9 +50,9 @@ def gelu(z, TANH: tl.constexpr):
 def gelu_grad(z, TANH: tl.constexpr):
     if TANH:
         u = kSqrt2OverPi * (z + kGeluTanhCubic * z * z * z)
-        t = tanh_via_exp(u)
+        one_plus_t, sech2 = tanh_parts(u)
         du_dz = kSqrt2OverPi * (1.0 + 3.0 * kGeluTanhCubic * z * z)
-        return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * du_dz
+        return 0.5 * one_plus_t + 0.5 * z * sech2 * du_dz
     else:
         cdf = 0.5 * (1.0 + tl.math.erf(z * kSqrt1_2))
         pdf = kInvSqrt2Pi * tl.exp(-0.5 * z * z)

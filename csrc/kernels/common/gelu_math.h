@@ -21,15 +21,25 @@ constexpr float kGeluTanhCubic = 0.044715f;
 
 FX_HOST_DEVICE float fast_exp(float v) {
 #if defined(__CUDA_ARCH__)
-  return __expf(v);  // ex2.approx: 2 ulp, ample for the tanh below
+  return __expf(v);  // ex2.approx: a few ulp, ample for GeLU's exp terms
 #else
-  return std::exp(v);
+  return std::exp(v);  // host: the C++ tests' reference path
 #endif
 }
 
-// tanh(u) = 1 − 2/(e^{2u} + 1): exact limits ±1 when e^{2u} over/underflows, no NaN; the
-// cancellation near u = 0 costs absolute, not relative, error, and gelu multiplies it by ½z.
-FX_HOST_DEVICE float tanh_via_exp(float u) { return 1.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f); }
+// tanh pieces from e = e^{2u} and r = 1/(e + 1):  1 + t = 2e·r,  1 − t² = sech²(u) = 4e·r².
+// Written this way there is no cancellation as |t| → 1 (1 − t·t would round to 0 at |u| ≳ 8.3
+// and lose the gradient's tail), and |u| ≤ 40 keeps e·r finite (tanh(40) is ±1 in fp32 anyway).
+struct TanhParts {
+  float one_plus_t;  // 1 + tanh(u)
+  float sech2;  // 1 − tanh²(u)
+};
+
+FX_HOST_DEVICE TanhParts tanh_parts(float u) {
+  const float e = fast_exp(2.0f * fminf(fmaxf(u, -40.0f), 40.0f));
+  const float r = 1.0f / (e + 1.0f);
+  return {2.0f * e * r, 4.0f * (e * r) * r};
+}
 
 FX_HOST_DEVICE float gelu_erf(float z) { return 0.5f * z * (1.0f + erff(z * kSqrt1_2)); }
 
@@ -41,14 +51,14 @@ FX_HOST_DEVICE float gelu_erf_grad(float z) {
 
 FX_HOST_DEVICE float gelu_tanh(float z) {
   const float u = kSqrt2OverPi * (z + kGeluTanhCubic * z * z * z);
-  return 0.5f * z * (1.0f + tanh_via_exp(u));
+  return 0.5f * z * tanh_parts(u).one_plus_t;
 }
 
 FX_HOST_DEVICE float gelu_tanh_grad(float z) {
   const float u = kSqrt2OverPi * (z + kGeluTanhCubic * z * z * z);
-  const float t = tanh_via_exp(u);
+  const TanhParts t = tanh_parts(u);
   const float du_dz = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhCubic * z * z);
-  return 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * du_dz;
+  return 0.5f * t.one_plus_t + 0.5f * z * t.sech2 * du_dz;
 }
 
 // The one place the two forms are chosen: a uniform runtime branch, not a template.
