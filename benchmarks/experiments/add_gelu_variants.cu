@@ -1,14 +1,18 @@
-// add + GeLU (bf16/fp32, exact erf form) kernel variants, timed against a D2D copy of the same
-// bytes — the version ladder behind docs/notes/gelu.md. Standalone: CUDA runtime only.
+// add + GeLU (exact erf form) kernel variants, forward and backward, bf16 and fp32, each timed
+// like triton.testing.do_bench (L2 flushed before every launch, median of per-launch events)
+// against a device-to-device copy of the same bytes. The version ladder behind
+// docs/notes/gelu.md. Standalone: CUDA runtime only.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/kernels \
 //        benchmarks/experiments/add_gelu_variants.cu -o /tmp/variants && /tmp/variants
 //
-// Variant axes: kUnroll (16-byte packs per thread per input), kMinBlocks (__launch_bounds__
-// occupancy hint), kMath (0 = erff, 1 = add only: the memory-bound ceiling of this loop shape).
+// Axes: kBlockContiguous (block b owns packs [b·U·256, (b+1)·U·256) vs grid-strided packs
+// t + u·gridDim·256), kUnroll U (16-byte packs per thread per input), kMinBlocks
+// (__launch_bounds__ occupancy hint).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -17,20 +21,25 @@
 
 using namespace flashext;
 
-#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
+#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 
-template <typename T, int kUnroll, int kMinBlocks, int kMath>
-__global__ void __launch_bounds__(256, kMinBlocks) variant(const T* x, const T* y, T* out, int64_t n) {
+template <typename T, bool kBackward, bool kBlockContiguous, int kUnroll, int kMinBlocks>
+__global__ void __launch_bounds__(256, kMinBlocks) variant(const T* g, const T* x, const T* y, T* out, int64_t n) {
   constexpr int kVec = 16 / sizeof(T);
   using P = Pack<T, kVec>;
   const int64_t num_packs = n / kVec;
-  const int64_t first = int64_t(blockIdx.x) * 256 + threadIdx.x;
-  const int64_t stride = int64_t(gridDim.x) * 256;
-  P xp[kUnroll], yp[kUnroll];
+  const int64_t first = kBlockContiguous ? int64_t(blockIdx.x) * 256 * kUnroll + threadIdx.x
+                                         : int64_t(blockIdx.x) * 256 + threadIdx.x;
+  const int64_t stride = kBlockContiguous ? 256 : int64_t(gridDim.x) * 256;
+  P xp[kUnroll], yp[kUnroll], gp[kUnroll];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t p = first + u * stride;
-    if (p < num_packs) { xp[u] = load_streaming<T, kVec>(x, p); yp[u] = load_streaming<T, kVec>(y, p); }
+    if (p < num_packs) {
+      xp[u] = load_streaming<T, kVec>(x, p);
+      yp[u] = load_streaming<T, kVec>(y, p);
+      if (kBackward) gp[u] = load_streaming<T, kVec>(g, p);
+    }
   }
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
@@ -40,14 +49,13 @@ __global__ void __launch_bounds__(256, kMinBlocks) variant(const T* x, const T* 
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         const float z = to_float(xp[u].elem[i]) + to_float(yp[u].elem[i]);
-        o.elem[i] = from_float<T>(kMath == 0 ? gelu_erf(z) : z);
+        o.elem[i] = from_float<T>(kBackward ? to_float(gp[u].elem[i]) * gelu_erf_grad(z) : gelu_erf(z));
       }
       store_streaming<T, kVec>(out, p, o);
     }
   }
 }
 
-// Pseudo-random values in about [-4, 4] (a hash of the index): never time on constant data.
 template <typename T>
 __global__ void fill_random(T* ptr, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -57,68 +65,79 @@ __global__ void fill_random(T* ptr, int64_t n, uint32_t seed) {
   }
 }
 
-template <typename T, int kUnroll, int kMinBlocks, int kMath>
-float time_variant(const T* x, const T* y, T* out, int64_t n, int sms) {
-  constexpr int kVec = 16 / sizeof(T);
-  const int64_t packs = n / kVec;
-  const int64_t blocks = (packs + 256 * kUnroll - 1) / (256 * kUnroll);
+// Median ms of `launch` over reps, each after a 256 MB memset that evicts L2 (do_bench's way).
+template <typename F>
+float cold_median_ms(F launch, char* flush) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) variant<T, kUnroll, kMinBlocks, kMath><<<blocks, 256>>>(x, y, out, n);
-  cudaEventRecord(a);
-  const int reps = 20;
-  for (int i = 0; i < reps; ++i) variant<T, kUnroll, kMinBlocks, kMath><<<blocks, 256>>>(x, y, out, n);
-  cudaEventRecord(b);
-  cudaEventSynchronize(b);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  return ms / reps;
+  std::vector<float> times;
+  for (int r = 0; r < 40; ++r) {
+    cudaMemsetAsync(flush, r, 256 << 20);
+    cudaEventRecord(a);
+    launch();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    if (r >= 5) times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+template <typename T, bool kBackward, bool kBC, int kUnroll, int kMinBlocks>
+void run_variant(const T* g, const T* x, const T* y, T* out, int64_t n, double bytes, float copy_ms, char* flush) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t blocks = (n / kVec + 256 * kUnroll - 1) / (256 * kUnroll);
+  const float ms = cold_median_ms([&] { variant<T, kBackward, kBC, kUnroll, kMinBlocks><<<blocks, 256>>>(g, x, y, out, n); }, flush);
+  CHECK(cudaGetLastError());
+  printf("  %s %s unroll %d minblocks %d: %5.0f GB/s  %.3f of copy\n", kBackward ? "bwd" : "fwd",
+         kBC ? "block-contig" : "grid-stride ", kUnroll, kMinBlocks, bytes / ms / 1e6, copy_ms / ms);
 }
 
 template <typename T>
-int run(const char* name, int64_t n, int sms) {
-  T *x, *y, *out;
+void run(const char* name, int64_t n, char* flush) {
+  T *g, *x, *y, *out;
+  CHECK(cudaMalloc(&g, n * sizeof(T)));
   CHECK(cudaMalloc(&x, n * sizeof(T)));
   CHECK(cudaMalloc(&y, n * sizeof(T)));
   CHECK(cudaMalloc(&out, n * sizeof(T)));
+  fill_random<<<1024, 256>>>(g, n, 3u);
   fill_random<<<1024, 256>>>(x, n, 1u);
   fill_random<<<1024, 256>>>(y, n, 2u);
-  char* src;
-  char* dst;
-  const size_t copy_bytes = 3 * n * sizeof(T) / 2;
-  CHECK(cudaMalloc(&src, copy_bytes));
-  CHECK(cudaMalloc(&dst, copy_bytes));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(a);
-  for (int i = 0; i < 20; ++i) cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(b);
-  cudaEventSynchronize(b);
-  float copy_ms = 0;
-  cudaEventElapsedTime(&copy_ms, a, b);
-  copy_ms /= 20;
-  const double bytes = 3.0 * n * sizeof(T);
-  printf("%s n=%lld copy %.0f GB/s\n", name, (long long)n, bytes / copy_ms / 1e6);
-#define V(U, MB, M)                                                                         \
-  {                                                                                         \
-    const float ms = time_variant<T, U, MB, M>(x, y, out, n, sms);                          \
-    printf("  unroll %d minblocks %d math %s: %.0f GB/s (%.3f of copy)\n", U, MB, M ? "add-only" : "erf", \
-           bytes / ms / 1e6, copy_ms / ms);                                                 \
+  for (int backward = 0; backward < 2; ++backward) {
+    const double bytes = (backward ? 4.0 : 3.0) * n * sizeof(T);
+    char *src, *dst;
+    CHECK(cudaMalloc(&src, size_t(bytes / 2)));
+    CHECK(cudaMalloc(&dst, size_t(bytes / 2)));
+    const float copy_ms = cold_median_ms([&] { cudaMemcpyAsync(dst, src, size_t(bytes / 2), cudaMemcpyDeviceToDevice); }, flush);
+    printf("%s n=2^%d %s: copy of the same bytes %.0f GB/s\n", name, 63 - __builtin_clzll(n), backward ? "bwd" : "fwd", bytes / copy_ms / 1e6);
+    if (!backward) {
+      run_variant<T, false, false, 2, 5>(g, x, y, out, n, bytes, copy_ms, flush);
+      run_variant<T, false, true, 2, 5>(g, x, y, out, n, bytes, copy_ms, flush);
+      run_variant<T, false, true, 1, 8>(g, x, y, out, n, bytes, copy_ms, flush);
+      run_variant<T, false, true, 2, 6>(g, x, y, out, n, bytes, copy_ms, flush);
+      run_variant<T, false, true, 4, 3>(g, x, y, out, n, bytes, copy_ms, flush);
+    } else {
+      run_variant<T, true, false, 2, 3>(g, x, y, out, n, bytes, copy_ms, flush);
+      run_variant<T, true, true, 2, 3>(g, x, y, out, n, bytes, copy_ms, flush);
+      run_variant<T, true, true, 2, 4>(g, x, y, out, n, bytes, copy_ms, flush);
+      run_variant<T, true, true, 1, 6>(g, x, y, out, n, bytes, copy_ms, flush);
+      run_variant<T, true, true, 1, 8>(g, x, y, out, n, bytes, copy_ms, flush);
+    }
+    cudaFree(src);
+    cudaFree(dst);
   }
-  V(4, 1, 0) V(4, 3, 0) V(4, 4, 0) V(2, 1, 0) V(2, 6, 0) V(1, 8, 0) V(8, 2, 0) V(4, 1, 1) V(1, 8, 1)
-  CHECK(cudaGetLastError());
-  cudaFree(x); cudaFree(y); cudaFree(out); cudaFree(src); cudaFree(dst);
-  return 0;
+  cudaFree(g); cudaFree(x); cudaFree(y); cudaFree(out);
 }
 
 int main() {
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  if (run<__nv_bfloat16>("bf16", int64_t(1) << 26, sms)) return 1;
-  if (run<__nv_bfloat16>("bf16", int64_t(1) << 28, sms)) return 1;
-  if (run<float>("fp32", int64_t(1) << 26, sms)) return 1;
+  char* flush;
+  CHECK(cudaMalloc(&flush, 256 << 20));
+  for (int log_n : {24, 26}) {
+    run<__nv_bfloat16>("bf16", int64_t(1) << log_n, flush);
+    run<float>("fp32", int64_t(1) << log_n, flush);
+  }
   return 0;
 }

@@ -25,15 +25,24 @@ bool device_supported(int device, int* major, int* minor) {
 
 }  // namespace
 
+void detail::append(std::string& s, at::IntArrayRef shape) {
+  s += '[';
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  s += ']';
+}
+
 void check_float_cuda_tensor(const char* fn, const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.defined(), fn, ": argument '", name, "' is undefined (None)");
-  TORCH_CHECK(t.is_cuda(), fn, ": argument '", name, "' must be a CUDA tensor, got a tensor on ",
+  FX_CHECK(t.defined(), fn, ": argument '", name, "' is undefined (None)");
+  FX_CHECK(t.is_cuda(), fn, ": argument '", name, "' must be a CUDA tensor, got a tensor on ",
               t.device());
   const auto type = t.scalar_type();
-  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16, fn,
+  FX_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16, fn,
               ": argument '", name, "' must be float32, float16 or bfloat16, got ", type);
   int major = 0, minor = 0;
-  TORCH_CHECK(device_supported(t.get_device(), &major, &minor), fn,
+  FX_CHECK(device_supported(t.get_device(), &major, &minor), fn,
               ": this build of flashext holds kernels for CUDA archs '",
               flashext::compiled_cuda_archs(), "', not for the compute capability ", major, ".",
               minor, " of ", t.device(), "; rebuild with FLASHEXT_CUDA_ARCHS including it");
@@ -41,11 +50,11 @@ void check_float_cuda_tensor(const char* fn, const at::Tensor& t, const char* na
 
 void check_same_device_dtype(const char* fn, const at::Tensor& ref, const char* ref_name,
                              const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.defined(), fn, ": argument '", name, "' is undefined (None)");
-  TORCH_CHECK(t.device() == ref.device(), fn, ": argument '", name,
+  FX_CHECK(t.defined(), fn, ": argument '", name, "' is undefined (None)");
+  FX_CHECK(t.device() == ref.device(), fn, ": argument '", name,
               "' must be on the same device as '", ref_name, "' (", ref.device(), "), got ",
               t.device());
-  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), fn, ": argument '", name,
+  FX_CHECK(t.scalar_type() == ref.scalar_type(), fn, ": argument '", name,
               "' must have the dtype of '", ref_name, "' (", ref.scalar_type(), "), got ",
               t.scalar_type());
 }
@@ -53,11 +62,11 @@ void check_same_device_dtype(const char* fn, const at::Tensor& ref, const char* 
 void check_out_tensor(const char* fn, const at::Tensor& out, const at::Tensor& like,
                       std::initializer_list<at::Tensor> inputs) {
   check_same_device_dtype(fn, like, "x", out, "out");
-  TORCH_CHECK(out.sizes() == like.sizes(), fn, ": argument 'out' must have shape ", like.sizes(),
+  FX_CHECK(out.sizes() == like.sizes(), fn, ": argument 'out' must have shape ", like.sizes(),
               ", got ", out.sizes());
-  TORCH_CHECK(out.is_contiguous(), fn, ": argument 'out' must be contiguous");
+  FX_CHECK(out.is_contiguous(), fn, ": argument 'out' must be contiguous");
   for (const at::Tensor& input : inputs) {
-    TORCH_CHECK(at::get_overlap_status(out, input) != at::MemOverlapStatus::Partial, fn,
+    FX_CHECK(at::get_overlap_status(out, input) != at::MemOverlapStatus::Partial, fn,
                 ": argument 'out' partially overlaps an input; it may alias one exactly or not at all");
   }
 }
@@ -67,7 +76,7 @@ flashext::DType to_kernel_dtype(at::ScalarType type) {
     case at::kFloat: return flashext::DType::kFloat32;
     case at::kHalf: return flashext::DType::kFloat16;
     case at::kBFloat16: return flashext::DType::kBFloat16;
-    default: TORCH_CHECK(false, "flashext: unsupported dtype ", type);
+    default: fail("flashext: unsupported dtype ", type);
   }
 }
 
@@ -76,7 +85,7 @@ cudaStream_t current_stream(const at::Tensor& t) {
 }
 
 void check_launch(const char* fn, cudaError_t err) {
-  TORCH_CHECK(err == cudaSuccess, fn, ": CUDA error: ", cudaGetErrorString(err));
+  FX_CHECK(err == cudaSuccess, fn, ": CUDA error: ", cudaGetErrorString(err));
 }
 
 }  // namespace flashext_torch

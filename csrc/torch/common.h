@@ -6,11 +6,44 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "flashext/common.h"
 
 namespace flashext_torch {
+
+// ---- error messages -------------------------------------------------------------------------
+// Messages are assembled into one std::string here and handed to TORCH_CHECK whole: formatting
+// integers through TORCH_CHECK's own ostringstream crashed inside this library on the GPU
+// machine (g++ 13 / torch 2.11; see docs/notes/gelu.md), so no iostream is used in the glue.
+namespace detail {
+inline void append(std::string& s, const char* v) { s += v; }
+inline void append(std::string& s, std::string_view v) { s.append(v.data(), v.size()); }
+inline void append(std::string& s, const std::string& v) { s += v; }
+inline void append(std::string& s, int64_t v) { s += std::to_string(v); }
+inline void append(std::string& s, int v) { s += std::to_string(v); }
+inline void append(std::string& s, const c10::Device& v) { s += v.str(); }
+inline void append(std::string& s, at::ScalarType v) { s += c10::toString(v); }
+void append(std::string& s, at::IntArrayRef shape);  // "[2, 3]"
+}  // namespace detail
+
+// Raise a RuntimeError whose message is the concatenation of the pieces.
+template <typename... Pieces>
+[[noreturn]] void fail(const Pieces&... pieces) {
+  std::string message;
+  (detail::append(message, pieces), ...);
+  TORCH_CHECK(false, message);
+  __builtin_unreachable();
+}
+
+#define FX_CHECK(cond, ...)                                   \
+  do {                                                        \
+    if (!(cond)) ::flashext_torch::fail(__VA_ARGS__);         \
+  } while (0)
 
 // Refuses anything the kernels cannot take, naming the public function (fn) and the argument:
 // a tensor that is not on a CUDA device, or whose dtype is not float32/float16/bfloat16, or a

@@ -20,7 +20,7 @@ constexpr const char* kBiasGelu = "flashext.bias_gelu";
 flashext::GeluApprox parse_approximate(const char* fn, std::string_view approximate) {
   if (approximate == "none") return flashext::GeluApprox::kNone;
   if (approximate == "tanh") return flashext::GeluApprox::kTanh;
-  TORCH_CHECK(false, fn, ": argument 'approximate' must be 'none' or 'tanh', got '", approximate, "'");
+  fail(fn, ": argument 'approximate' must be 'none' or 'tanh', got '", approximate, "'");
 }
 
 // ---- add + GeLU: x, y, grad_out of one shape; dense copies of non-contiguous views ----------
@@ -29,11 +29,11 @@ void check_add_gelu_inputs(const char* fn, const at::Tensor& x, const at::Tensor
                            const at::Tensor* grad_out) {
   check_float_cuda_tensor(fn, x, "x");
   check_same_device_dtype(fn, x, "x", y, "y");
-  TORCH_CHECK(y.sizes() == x.sizes(), fn, ": argument 'y' must have the shape of 'x' (",
+  FX_CHECK(y.sizes() == x.sizes(), fn, ": argument 'y' must have the shape of 'x' (",
               x.sizes(), "), got ", y.sizes());
   if (grad_out != nullptr) {
     check_same_device_dtype(fn, x, "x", *grad_out, "grad_out");
-    TORCH_CHECK(grad_out->sizes() == x.sizes(), fn, ": argument 'grad_out' must have the shape of 'x' (",
+    FX_CHECK(grad_out->sizes() == x.sizes(), fn, ": argument 'grad_out' must have the shape of 'x' (",
                 x.sizes(), "), got ", grad_out->sizes());
   }
 }
@@ -93,13 +93,13 @@ void check_bias_gelu_inputs(const char* fn, const at::Tensor& x, const at::Tenso
                             const at::Tensor* grad_out) {
   check_float_cuda_tensor(fn, x, "x");
   check_same_device_dtype(fn, x, "x", bias, "bias");
-  TORCH_CHECK(x.dim() >= 1, fn, ": argument 'x' must have at least one dimension, got a scalar");
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), fn,
+  FX_CHECK(x.dim() >= 1, fn, ": argument 'x' must have at least one dimension, got a scalar");
+  FX_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), fn,
               ": argument 'bias' must be 1-D of length x.shape[-1] = ", x.size(-1), ", got shape ",
               bias.sizes());
   if (grad_out != nullptr) {
     check_same_device_dtype(fn, x, "x", *grad_out, "grad_out");
-    TORCH_CHECK(grad_out->sizes() == x.sizes(), fn, ": argument 'grad_out' must have the shape of 'x' (",
+    FX_CHECK(grad_out->sizes() == x.sizes(), fn, ": argument 'grad_out' must have the shape of 'x' (",
                 x.sizes(), "), got ", grad_out->sizes());
   }
 }
