@@ -15,6 +15,7 @@ from flashext.testing import GRADIENT_FACTOR, assert_close, poison_cache
 from tests.conftest import HAS_CUDA, requires_cuda
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPE_IDS = ["float32", "float16", "bfloat16"]
 APPROX = ["none", "tanh"]
 SIZES = [0, 1, 7, 1023, 2**20 + 3, 2**24]
 
@@ -103,20 +104,20 @@ def test_reference_bias_gradient_is_row_sum():
 @requires_cuda
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("approximate", APPROX)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_add_gelu_sizes(dtype, approximate, n):
     check_add_gelu(randn(n, dtype=dtype), randn(n, dtype=dtype), approximate)
 
 
 @requires_cuda
 @pytest.mark.parametrize("shape", [(1000,), (7, 113), (3, 5, 127), (2, 3, 4, 129), (1, 1, 1, 1)])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_add_gelu_shapes(dtype, shape):
     check_add_gelu(randn(*shape, dtype=dtype), randn(*shape, dtype=dtype), "none")
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_add_gelu_views(dtype):
     base = randn(64, 1001, dtype=dtype)
     other = randn(64, 1001, dtype=dtype)
@@ -124,12 +125,12 @@ def test_add_gelu_views(dtype):
     check_add_gelu(base.view(-1)[1:], other.view(-1)[1:], "none")
     check_add_gelu(base.view(-1)[1:], other.view(-1)[:-1], "tanh")
     check_add_gelu(base.t(), other.t(), "none")
-    check_add_gelu(base[:, ::2], other[:, 1::2], "tanh")
+    check_add_gelu(base[:, :1000:2], other[:, 1::2], "tanh")
     check_add_gelu(base, other[:1].expand(64, 1001), "none")
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_add_gelu_in_place(dtype):
     x, y = randn(4099, dtype=dtype), randn(4099, dtype=dtype)
     expected = ref.add_gelu(x, y)
@@ -142,13 +143,13 @@ def test_add_gelu_in_place(dtype):
 @requires_cuda
 @pytest.mark.parametrize("shape", [(1, 1), (7, 1), (1, 7), (113, 64), (1023, 1000), (8, 16384), (3, 5, 256), (2, 3, 4, 40)])
 @pytest.mark.parametrize("approximate", APPROX)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_bias_gelu_shapes(dtype, approximate, shape):
     check_bias_gelu(randn(*shape, dtype=dtype), randn(shape[-1], dtype=dtype), approximate)
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_bias_gelu_many_rows(dtype):
     # many rows per block and several row groups: the partial-sum reduction of grad_bias
     check_bias_gelu(randn(8192, 1024, dtype=dtype), randn(1024, dtype=dtype), "none")
@@ -156,7 +157,7 @@ def test_bias_gelu_many_rows(dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_bias_gelu_views(dtype):
     wide = randn(300, 2 * 520, dtype=dtype)
     bias = randn(2 * 520, dtype=dtype)
@@ -170,7 +171,7 @@ def test_bias_gelu_views(dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_bias_gelu_empty(dtype):
     for shape in [(0, 16), (4, 0), (0,), (2, 0, 8)]:
         x = randn(*shape, dtype=dtype).requires_grad_()
@@ -183,7 +184,7 @@ def test_bias_gelu_empty(dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_bias_gelu_in_place(dtype):
     x, b = randn(37, 520, dtype=dtype), randn(520, dtype=dtype)
     expected, baseline = ref.bias_gelu(x, b), F.gelu(x + b)
@@ -258,7 +259,7 @@ def test_cpu_tensors_are_refused():
         (lambda: (randn(8), randn(9)), r"argument 'y' must have the shape of 'x'"),
         (lambda: (randn(8).int(), randn(8).int()), r"argument 'x' must be float32, float16 or bfloat16, got Int"),
         (lambda: (randn(8) > 0, randn(8) > 0), r"argument 'x' must be float32, float16 or bfloat16, got Bool"),
-        (lambda: (randn(8, dtype=torch.float64), randn(8, dtype=torch.float64)), r"got Double"),
+        (lambda: (randn(8, dtype=torch.float64), randn(8, dtype=torch.float64)), r"argument 'x' must be float32, float16 or bfloat16, got Double"),
     ],
 )
 def test_add_gelu_bad_input(make, message):

@@ -21,7 +21,7 @@ def randn(*shape, dtype, scale=2.0):
 
 @pytest.mark.parametrize("n", [1, 7, 1023, 5000] + ([2**20 + 3] if HAS_CUDA else []))
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float16", "bfloat16"])
 def test_twin_add_gelu(dtype, approximate, n):
     x, y, g = randn(n, dtype=dtype), randn(n, dtype=dtype), randn(n, dtype=dtype, scale=1.0)
     assert_close("twin add_gelu", twin.add_gelu(x, y, approximate), ref.add_gelu(x, y, approximate),
@@ -33,7 +33,7 @@ def test_twin_add_gelu(dtype, approximate, n):
 
 @pytest.mark.parametrize("shape", [(1, 1), (7, 33), (37, 300), (3, 5, 64)] + ([(4096, 1000)] if HAS_CUDA else []))
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float16", "bfloat16"])
 def test_twin_bias_gelu(dtype, approximate, shape):
     x, g = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype, scale=1.0)
     b = randn(shape[-1], dtype=dtype)

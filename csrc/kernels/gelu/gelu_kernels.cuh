@@ -4,11 +4,13 @@
 // add_gelu_kernel<T, kVec, kBackward> (flat, n elements)
 //   forward:  out[i]     = gelu(x[i] + y[i])
 //   backward: grad_in[i] = grad_out[i] · gelu'(x[i] + y[i])
-//   grid: 1-D, kFlatThreads threads; thread t of block b owns packs
-//         p = (b · kFlatThreads + t) + u · gridDim.x · kFlatThreads,  u < kFlatUnroll,
-//   so each warp access is 512 contiguous bytes and kFlatUnroll independent 16-byte loads per
-//   input are in flight before the first use. Elements past the last full pack (n % kVec) are
-//   done one by one by block 0. kVec = 1 is the path for pointers not 16-byte aligned.
+//   grid: 1-D, kFlatThreads threads; thread t of block b owns pack p = b · kFlatThreads + t
+//   (kVec elements, one 16-byte access per input), so each warp access is 512 contiguous bytes.
+//   Occupancy, not unrolling, keeps the loads in flight: the __launch_bounds__ hint holds
+//   registers to 8 resident blocks per SM forward (6 backward). Measured on the H200, that beat
+//   2 or 4 packs per thread at 3-6 blocks per SM by 2-6% (docs/notes/gelu.md). Elements past the
+//   last full pack (n % kVec) are done one by one by block 0. kVec = 1 is the path for pointers
+//   that are not 16-byte aligned.
 //   Napkin math: bf16 fwd moves 6 B/element (2 reads, 1 write); at the measured 4.27 TB/s copy
 //   rate 2^28 elements take 377 µs, and the ~25 fp32 instructions of erf-GeLU per element fit
 //   well under the 132 SMs' issue rate (~50 instructions per element at that speed).
@@ -38,11 +40,10 @@ namespace flashext {
 namespace gelu_detail {
 
 constexpr int kFlatThreads = 256;
-constexpr int kFlatUnroll = 2;
-// Resident blocks per SM asked of the register allocator (≤ 51 registers per thread forward, 85 backward: no spills):
-// measured on the H200, 2 packs × 5-6 blocks beat 4 packs × 1-4 blocks (docs/notes/gelu.md).
+// Resident blocks per SM asked of the register allocator: ≤ 32 registers per thread forward
+// (the 16-bit kernels spill 4 bytes, to L1), ≤ 42 backward.
 template <bool kBackward>
-constexpr int kFlatMinBlocks = kBackward ? 3 : 5;
+constexpr int kFlatMinBlocks = kBackward ? 6 : 8;
 
 // What one flat launch reads and writes; grad_out is null in the forward pass.
 struct FlatArgs {
@@ -85,33 +86,22 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
   const T* grad_out = static_cast<const T*>(args.grad_out);
   T* dst = static_cast<T*>(args.dst);
   const int64_t num_packs = args.n / kVec;
-  const int64_t first = int64_t(blockIdx.x) * kFlatThreads + threadIdx.x;
-  const int64_t stride = int64_t(gridDim.x) * kFlatThreads;
+  const int64_t pack = int64_t(blockIdx.x) * kFlatThreads + threadIdx.x;
 
-  // All loads first: kFlatUnroll independent 16-byte requests per input in flight.
-  P x_pack[kFlatUnroll], y_pack[kFlatUnroll], g_pack[kFlatUnroll];
+  if (pack < num_packs) {
+    // All loads first, then the math: the 16-byte requests of x, y (and grad_out) overlap.
+    const P x_pack = load_streaming<T, kVec>(x, pack);
+    const P y_pack = load_streaming<T, kVec>(y, pack);
+    P g_pack;
+    if constexpr (kBackward) g_pack = load_streaming<T, kVec>(grad_out, pack);
+    P out;
 #pragma unroll
-  for (int u = 0; u < kFlatUnroll; ++u) {
-    const int64_t pack = first + u * stride;
-    if (pack < num_packs) {
-      x_pack[u] = load_streaming<T, kVec>(x, pack);
-      y_pack[u] = load_streaming<T, kVec>(y, pack);
-      if constexpr (kBackward) g_pack[u] = load_streaming<T, kVec>(grad_out, pack);
+    for (int i = 0; i < kVec; ++i) {
+      const float z = to_float(x_pack.elem[i]) + to_float(y_pack.elem[i]);  // z = x + y
+      const float g = kBackward ? to_float(g_pack.elem[i]) : 0.0f;
+      out.elem[i] = from_float<T>(gelu_epilogue<kBackward>(z, g, args.tanh_form));
     }
-  }
-#pragma unroll
-  for (int u = 0; u < kFlatUnroll; ++u) {
-    const int64_t pack = first + u * stride;
-    if (pack < num_packs) {
-      P out;
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const float z = to_float(x_pack[u].elem[i]) + to_float(y_pack[u].elem[i]);  // z = x + y
-        const float g = kBackward ? to_float(g_pack[u].elem[i]) : 0.0f;
-        out.elem[i] = from_float<T>(gelu_epilogue<kBackward>(z, g, args.tanh_form));
-      }
-      store_streaming<T, kVec>(dst, pack, out);
-    }
+    store_streaming<T, kVec>(dst, pack, out);
   }
 
   // The n % kVec elements after the last full pack.
@@ -125,8 +115,12 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
   }
 }
 
+// Resident blocks per SM for the bias kernels (register cap, as for the flat kernel).
+template <bool kBackward>
+constexpr int kRowColMinBlocks = kBackward ? 3 : 5;
+
 template <typename T, int kVec, bool kBackward>
-__global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThreads)
+__global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThreads, kRowColMinBlocks<kBackward>)
     bias_gelu_kernel(const RowColArgs args) {
   constexpr int kColThreads = RowColPlan::kColThreads;
   constexpr int kRowThreads = RowColPlan::kRowThreads;
@@ -234,13 +228,7 @@ cudaError_t launch_add_gelu(const FlatArgs& args, cudaStream_t stream) {
   const bool vectorized = is_aligned16(args.x) && is_aligned16(args.y) && is_aligned16(args.dst) &&
                           (!kBackward || is_aligned16(args.grad_out));
   const int vec = vectorized ? kVec : 1;
-  const int64_t num_packs = args.n / vec;
-  // Enough blocks for kFlatUnroll packs per thread; on small inputs, spread the packs over up
-  // to 4 blocks per SM instead (one pack per thread), since latency, not bandwidth, bounds them.
-  int64_t blocks = ceil_div(num_packs, int64_t(kFlatThreads) * kFlatUnroll);
-  const int64_t spread = std::min<int64_t>(ceil_div(num_packs, kFlatThreads),
-                                           4 * int64_t(std::max(current_device_sm_count(), 1)));
-  blocks = std::max<int64_t>(std::max(blocks, spread), 1);
+  const int64_t blocks = std::max<int64_t>(1, ceil_div(args.n / vec, kFlatThreads));
   if (vectorized) {
     add_gelu_kernel<T, kVec, kBackward><<<dim3(unsigned(blocks)), kFlatThreads, 0, stream>>>(args);
   } else {
