@@ -75,7 +75,7 @@ struct BiasGeluBwdParams {
 struct RowColPlan {
   static constexpr int kColThreads = 32;
   static constexpr int kRowThreads = 8;
-  static constexpr int kRowUnroll = 2;
+  static constexpr int kRowUnroll = 1;
   int vec = 1;  // elements per thread access (16 bytes when the layout allows, else 1)
   int64_t grid_x = 0;  // column segments: ceil(cols / (vec · kColThreads))
   int64_t grid_y = 0;  // row groups, at most min(max_row_groups, 65535)

@@ -40,8 +40,8 @@ namespace flashext {
 namespace gelu_detail {
 
 constexpr int kFlatThreads = 256;
-// Resident blocks per SM asked of the register allocator: ≤ 32 registers per thread forward
-// (the 16-bit kernels spill 4 bytes, to L1), ≤ 42 backward.
+// Resident blocks per SM asked of the register allocator: ≤ 32 registers per thread forward,
+// ≤ 42 backward.
 template <bool kBackward>
 constexpr int kFlatMinBlocks = kBackward ? 6 : 8;
 
@@ -68,17 +68,18 @@ struct RowColArgs {
   bool tanh_form;
 };
 
-// dst = gelu(z) forward, g · gelu'(z) backward.
-template <bool kBackward>
-FX_DEVICE float gelu_epilogue(float z, float g, bool tanh_form) {
+// dst = gelu(z) forward, g · gelu'(z) backward. The form is a template parameter: a runtime
+// branch kept both forms' registers live and cost the 16-bit kernels about 4% (spills).
+template <bool kBackward, bool kTanh>
+FX_DEVICE float gelu_epilogue(float z, float g) {
   if constexpr (kBackward) {
-    return g * gelu_grad(z, tanh_form);
+    return g * (kTanh ? gelu_tanh_grad(z) : gelu_erf_grad(z));
   } else {
-    return gelu(z, tanh_form);
+    return kTanh ? gelu_tanh(z) : gelu_erf(z);
   }
 }
 
-template <typename T, int kVec, bool kBackward>
+template <typename T, int kVec, bool kBackward, bool kTanh>
 __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_gelu_kernel(const FlatArgs args) {
   using P = Pack<T, kVec>;
   const T* x = static_cast<const T*>(args.x);
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
     for (int i = 0; i < kVec; ++i) {
       const float z = to_float(x_pack.elem[i]) + to_float(y_pack.elem[i]);  // z = x + y
       const float g = kBackward ? to_float(g_pack.elem[i]) : 0.0f;
-      out.elem[i] = from_float<T>(gelu_epilogue<kBackward>(z, g, args.tanh_form));
+      out.elem[i] = from_float<T>(gelu_epilogue<kBackward, kTanh>(z, g));
     }
     store_streaming<T, kVec>(dst, pack, out);
   }
@@ -110,16 +111,16 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
     if (index < args.n) {
       const float z = to_float(x[index]) + to_float(y[index]);
       const float g = kBackward ? to_float(grad_out[index]) : 0.0f;
-      dst[index] = from_float<T>(gelu_epilogue<kBackward>(z, g, args.tanh_form));
+      dst[index] = from_float<T>(gelu_epilogue<kBackward, kTanh>(z, g));
     }
   }
 }
 
 // Resident blocks per SM for the bias kernels (register cap, as for the flat kernel).
 template <bool kBackward>
-constexpr int kRowColMinBlocks = kBackward ? 3 : 5;
+constexpr int kRowColMinBlocks = kBackward ? 4 : 6;
 
-template <typename T, int kVec, bool kBackward>
+template <typename T, int kVec, bool kBackward, bool kTanh>
 __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThreads, kRowColMinBlocks<kBackward>)
     bias_gelu_kernel(const RowColArgs args) {
   constexpr int kColThreads = RowColPlan::kColThreads;
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThrea
           for (int i = 0; i < kVec; ++i) {
             const float z = to_float(x_pack[u].elem[i]) + bias[i];  // z = x + bias
             const float g = kBackward ? to_float(g_pack[u].elem[i]) : 0.0f;
-            const float value = gelu_epilogue<kBackward>(z, g, args.tanh_form);
+            const float value = gelu_epilogue<kBackward, kTanh>(z, g);
             out.elem[i] = from_float<T>(value);
             if constexpr (kBackward) bias_grad[i] += value;  // fp32, before rounding to T
           }
@@ -228,11 +229,13 @@ cudaError_t launch_add_gelu(const FlatArgs& args, cudaStream_t stream) {
   const bool vectorized = is_aligned16(args.x) && is_aligned16(args.y) && is_aligned16(args.dst) &&
                           (!kBackward || is_aligned16(args.grad_out));
   const int vec = vectorized ? kVec : 1;
-  const int64_t blocks = std::max<int64_t>(1, ceil_div(args.n / vec, kFlatThreads));
+  const dim3 grid(unsigned(std::max<int64_t>(1, ceil_div(args.n / vec, kFlatThreads))));
   if (vectorized) {
-    add_gelu_kernel<T, kVec, kBackward><<<dim3(unsigned(blocks)), kFlatThreads, 0, stream>>>(args);
+    if (args.tanh_form) add_gelu_kernel<T, kVec, kBackward, true><<<grid, kFlatThreads, 0, stream>>>(args);
+    else add_gelu_kernel<T, kVec, kBackward, false><<<grid, kFlatThreads, 0, stream>>>(args);
   } else {
-    add_gelu_kernel<T, 1, kBackward><<<dim3(unsigned(blocks)), kFlatThreads, 0, stream>>>(args);
+    if (args.tanh_form) add_gelu_kernel<T, 1, kBackward, true><<<grid, kFlatThreads, 0, stream>>>(args);
+    else add_gelu_kernel<T, 1, kBackward, false><<<grid, kFlatThreads, 0, stream>>>(args);
   }
   return cudaGetLastError();
 }
@@ -243,9 +246,11 @@ cudaError_t launch_bias_gelu(const RowColArgs& args, const RowColPlan& plan, cud
   const dim3 grid(unsigned(plan.grid_x), unsigned(plan.grid_y));
   const dim3 block(RowColPlan::kColThreads, RowColPlan::kRowThreads);
   if (plan.vec == kVec) {
-    bias_gelu_kernel<T, kVec, kBackward><<<grid, block, 0, stream>>>(args);
+    if (args.tanh_form) bias_gelu_kernel<T, kVec, kBackward, true><<<grid, block, 0, stream>>>(args);
+    else bias_gelu_kernel<T, kVec, kBackward, false><<<grid, block, 0, stream>>>(args);
   } else {
-    bias_gelu_kernel<T, 1, kBackward><<<grid, block, 0, stream>>>(args);
+    if (args.tanh_form) bias_gelu_kernel<T, 1, kBackward, true><<<grid, block, 0, stream>>>(args);
+    else bias_gelu_kernel<T, 1, kBackward, false><<<grid, block, 0, stream>>>(args);
   }
   return cudaGetLastError();
 }

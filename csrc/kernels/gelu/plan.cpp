@@ -39,11 +39,13 @@ int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int
 RowColPlan plan_bias_gelu_bwd(const BiasGeluBwdParams& p) {
   const void* ptrs[] = {p.grad_out, p.x, p.bias, p.grad_x};
   const int vec = bias_gelu_vec_width(ptrs, 4, p.cols, p.x_row_stride, p.dtype);
-  // Few row groups keep the fp32 partial sums small next to the tensors (grid_y × cols × 4 B);
-  // about four blocks per SM keep enough loads in flight to saturate HBM.
-  const int64_t target_blocks = 4 * int64_t(std::max(current_device_sm_count(), 1));
+  // Row groups: enough blocks for about four waves at four resident blocks per SM, but at
+  // least 16 rows per group, so the fp32 partial sums (grid_y × cols × 4 B) stay a few percent
+  // of the bytes the kernel streams (≥ 16 rows × 3 tensors × 2 B per column).
+  const int64_t target_blocks = 16 * int64_t(std::max(current_device_sm_count(), 1));
   const int64_t grid_x = ceil_div(p.cols, int64_t(vec) * RowColPlan::kColThreads);
-  return plan_bias_gelu(p.rows, p.cols, vec, std::max<int64_t>(1, ceil_div(target_blocks, grid_x)));
+  const int64_t max_groups = std::min(ceil_div(target_blocks, grid_x), std::max<int64_t>(1, p.rows / 16));
+  return plan_bias_gelu(p.rows, p.cols, vec, std::max<int64_t>(1, max_groups));
 }
 
 size_t bias_gelu_bwd_workspace_bytes(const BiasGeluBwdParams& p) {
