@@ -26,8 +26,10 @@ using namespace flashext;
 // kCached: plain ld/st (default L2 policy) instead of the evict-first .cs hints.
 template <typename T, bool kCached>
 __device__ __forceinline__ Pack<T, 16 / sizeof(T)> load(const T* ptr, int64_t i) {
-  if constexpr (kCached) return load_cached<T, 16 / sizeof(T)>(ptr, i);
-  else return load_streaming<T, 16 / sizeof(T)>(ptr, i);
+  using P = Pack<T, 16 / sizeof(T)>;
+  if constexpr (kCached) return load_pack<T, 16 / sizeof(T)>(ptr, i);
+  const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(ptr) + i);
+  return *reinterpret_cast<const P*>(&raw);
 }
 
 template <typename T, bool kBackward, bool kBlockContiguous, int kUnroll, int kMinBlocks, bool kCached = false>
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(256, kMinBlocks) variant(const T* g, const T* 
         o.elem[i] = from_float<T>(kBackward ? to_float(gp[u].elem[i]) * gelu_erf_grad(z) : gelu_erf(z));
       }
       if constexpr (kCached) reinterpret_cast<P*>(out)[p] = o;
-      else store_streaming<T, kVec>(out, p, o);
+      else __stcs(reinterpret_cast<uint4*>(out) + p, *reinterpret_cast<const uint4*>(&o));
     }
   }
 }

@@ -91,10 +91,10 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
 
   if (pack < num_packs) {
     // All loads first, then the math: the 16-byte requests of x, y (and grad_out) overlap.
-    const P x_pack = load_streaming<T, kVec>(x, pack);
-    const P y_pack = load_streaming<T, kVec>(y, pack);
+    const P x_pack = load_pack<T, kVec>(x, pack);
+    const P y_pack = load_pack<T, kVec>(y, pack);
     P g_pack;
-    if constexpr (kBackward) g_pack = load_streaming<T, kVec>(grad_out, pack);
+    if constexpr (kBackward) g_pack = load_pack<T, kVec>(grad_out, pack);
     P out;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
       const float g = kBackward ? to_float(g_pack.elem[i]) : 0.0f;
       out.elem[i] = from_float<T>(gelu_epilogue<kBackward, kTanh>(z, g));
     }
-    store_streaming<T, kVec>(dst, pack, out);
+    store_pack<T, kVec>(dst, pack, out);
   }
 
   // The n % kVec elements after the last full pack.
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThrea
   float bias[kVec];
   float bias_grad[kVec];  // Σ over this thread's rows of grad_x (backward)
   if (col_valid) {
-    const P bias_pack = load_cached<T, kVec>(static_cast<const T*>(args.bias), col_pack);
+    const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) bias[i] = to_float(bias_pack.elem[i]);
   }
@@ -156,8 +156,8 @@ __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThrea
       for (int u = 0; u < kRowUnroll; ++u) {
         const int64_t row = row0 + u * kRowThreads;
         if (row < row_end) {
-          x_pack[u] = load_streaming<T, kVec>(x, row * x_row_packs + col_pack);
-          if constexpr (kBackward) g_pack[u] = load_streaming<T, kVec>(grad_out, row * dst_row_packs + col_pack);
+          x_pack[u] = load_pack<T, kVec>(x, row * x_row_packs + col_pack);
+          if constexpr (kBackward) g_pack[u] = load_pack<T, kVec>(grad_out, row * dst_row_packs + col_pack);
         }
       }
 #pragma unroll
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThrea
             out.elem[i] = from_float<T>(value);
             if constexpr (kBackward) bias_grad[i] += value;  // fp32, before rounding to T
           }
-          store_streaming<T, kVec>(dst, row * dst_row_packs + col_pack, out);
+          store_pack<T, kVec>(dst, row * dst_row_packs + col_pack, out);
         }
       }
     }
