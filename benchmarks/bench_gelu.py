@@ -19,6 +19,7 @@ number of bytes as the op; "ceiling" a 2 GiB copy, measured once. Writes gelu.js
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -208,6 +209,7 @@ def plot(payload, path):
     import matplotlib.pyplot as plt
 
     ceiling = payload["ceiling_copy_gbps"]
+    colors = {"flashext": "C0", "triton_twin": "C1", "seed_triton": "C2", "eager": "C3", "torch_compile": "C4", "copy": "C5"}
     fig, axes = plt.subplots(2, 3, figsize=(16, 9), sharey=True)
     for col, dname in enumerate(DTYPES):
         for r, section in enumerate(("add", "add_bwd")):
@@ -218,16 +220,17 @@ def plot(payload, path):
             ns = [x["n"] for x in rows]
             for name in ("flashext", "triton_twin", "seed_triton", "eager", "torch_compile", "copy"):
                 if name in rows[0]:
-                    ax.plot(ns, [x[name]["gbps"] for x in rows], marker="o", label=name,
+                    ax.plot(ns, [x[name]["gbps"] for x in rows], marker="o", label=name, color=colors[name],
                             linewidth=2.5 if name == "flashext" else 1.2)
             ax.axhline(ceiling, color="gray", linestyle="--", linewidth=1, label=f"copy ceiling {ceiling:.0f}")
             ax.set_xscale("log", base=2)
-            ax.set_title(f"{'gelu(x + y)' if section == 'add' else 'backward'} {dname}")
+            ax.set_title(f"{'gelu(x + y)' if section == 'add' else 'grad · gelu′(x + y) (eager: from saved x + y)'} {dname}")
             ax.set_xlabel("elements")
             ax.grid(True, alpha=0.3)
             if col == 0:
                 ax.set_ylabel("GB/s (tensors moved / time)")
     axes[0][0].legend(fontsize=8)
+    axes[1][0].legend(fontsize=8)
     fig.suptitle(f"flashext fused GeLU on {payload['meta']['gpu']} (torch {payload['meta']['torch']}, "
                  f"commit {payload['meta']['commit'][:10]})")
     fig.tight_layout()
@@ -238,7 +241,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="sizes 2^20 and 2^24 only")
     parser.add_argument("--only", default="add,add_bwd,bias,bias_bwd,graph")
+    parser.add_argument("--replot", metavar="JSON", help="redraw the PNG beside a results JSON and reprint its summary")
     args = parser.parse_args()
+    if args.replot:
+        payload = json.loads(Path(args.replot).read_text())
+        plot(payload, Path(args.replot).with_suffix(".png"))
+        summarize(payload)
+        return
     sections = set(args.only.split(","))
     sizes = [2**20, 2**24] if args.quick else [2**k for k in range(16, 29, 2)]
     torch.manual_seed(0)
