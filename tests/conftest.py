@@ -13,11 +13,6 @@ HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; none is visible")
 
 
-@pytest.fixture
-def device() -> str:
-    return "cuda" if HAS_CUDA else "cpu"
-
-
 @pytest.fixture(autouse=True)
 def _seed(request):
     # A fresh, reproducible seed per test: different data for every test, same data on rerun.
