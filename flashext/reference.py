@@ -70,3 +70,142 @@ def bias_gelu_backward(
     grad_x = _f64(grad_out) * gelu_grad(_f64(x) + _f64(bias), approximate)
     grad_bias = grad_x.reshape(-1, x.shape[-1]).sum(dim=0)
     return grad_x, grad_bias
+
+
+# ---- attention ------------------------------------------------------------------------------
+#
+# Layout as flash-attn: q (B, Sq, H, D), k and v (B, Sk, Hkv, D) with H % Hkv == 0 (query head h
+# reads key/value head h // (H / Hkv)). Causal masks and windows are aligned bottom-right: query
+# row i sits at key column i + (Sk − Sq), so a KV cache longer than the queries lines up with
+# its end. Key j is visible to query i when
+#     i + (Sk − Sq) − left ≤ j ≤ i + (Sk − Sq) + right      (left/right = −1: unbounded),
+# and causal is right = 0. Scores are s = q·kᵀ · softmax_scale, soft-capped to
+# softcap · tanh(s / softcap) when softcap > 0. A query with no visible key outputs 0 and has
+# log-sum-exp −inf (the logsumexp of an empty set).
+
+
+def attention_mask(seqlen_q: int, seqlen_k: int, causal: bool = False,
+                   window_size: tuple[int, int] = (-1, -1), device=None) -> Tensor:
+    """Boolean (Sq, Sk) mask, True where query i may attend to key j (bottom-right aligned)."""
+    left, right = window_size
+    if causal:
+        right = 0
+    row = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)  # the diagonal
+    col = torch.arange(seqlen_k, device=device)[None, :]
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if left >= 0:
+        visible &= col >= row - left
+    if right >= 0:
+        visible &= col <= row + right
+    return visible
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
+              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, return_lse: bool = False,
+              compute_dtype: torch.dtype = torch.float64):
+    """softmax(mask(cap(q·kᵀ·scale))) · v, materialising the (Sq, Sk) scores: the definition.
+
+    Computed in `compute_dtype` (float64 by default; pass the inputs' dtype for "plain PyTorch
+    in the same precision", the baseline of the tolerance rule). Returns out (B, Sq, H, D) in
+    compute_dtype, and with return_lse also lse (B, H, Sq), natural log.
+    """
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    if heads % heads_kv != 0:
+        raise ValueError(f"heads {heads} is not a multiple of kv heads {heads_kv}")
+    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
+    group = heads // heads_kv
+    qf = q.to(compute_dtype).transpose(1, 2)  # (B, H, Sq, D)
+    kf = k.to(compute_dtype).repeat_interleave(group, dim=2).transpose(1, 2)  # (B, H, Sk, D)
+    vf = v.to(compute_dtype).repeat_interleave(group, dim=2).transpose(1, 2)
+    scores = (qf @ kf.transpose(-1, -2)) * scale  # S = Q Kᵀ · scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    visible = attention_mask(seqlen_q, seqlen_k, causal, window_size, device=q.device)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # −inf where a row sees no key
+    any_visible = visible.any(dim=-1)[:, None]
+    probs = torch.where(any_visible, torch.exp(scores - lse[..., None]), torch.zeros((), dtype=compute_dtype, device=q.device))
+    out = (probs @ vf).transpose(1, 2)  # (B, Sq, H, D)
+    return (out, lse.float()) if return_lse else out
+
+
+def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, **kwargs):
+    """Packed ragged batch: q (total_q, H, D), k/v (total_k, Hkv, D); sequence b is
+    rows cu_seqlens[b]:cu_seqlens[b + 1]. Each sequence is attention() on its own.
+    Returns out (total_q, H, D) and with return_lse also lse (H, total_q)."""
+    return_lse = kwargs.get("return_lse", False)
+    outs, lses = [], []
+    for b in range(len(cu_seqlens_q) - 1):
+        qs = slice(int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]))
+        ks = slice(int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1]))
+        result = attention(q[None, qs], k[None, ks], v[None, ks], **kwargs)
+        out, lse = result if return_lse else (result, None)
+        outs.append(out[0])
+        if return_lse:
+            lses.append(lse[0])
+    out = torch.cat(outs, dim=0)
+    return (out, torch.cat(lses, dim=-1)) if return_lse else out
+
+
+# ---- online softmax: the building block of FlashAttention -------------------------------------
+
+
+def online_softmax(x: Tensor, tile: int) -> Tensor:
+    """softmax over the last dim, reading each row one tile of `tile` columns at a time and
+    never holding the whole row's exponentials (Milakov & Gimelshein, 2018).
+
+    Per tile t, with running row_max m and row_sum l (sums of exp(x − m)):
+        m_new = max(m, max(t))
+        l     = l · exp(m − m_new) + Σ exp(t − m_new)     # rescale what was summed under the old max
+    and at the end softmax(x) = exp(x − m) / l. Two tiles, never the whole row: for x = [a | b],
+    l = Σ exp(a − m_a) · exp(m_a − m) + Σ exp(b − m), which is Σ exp(x − m) exactly.
+    """
+    x = _f64(x)
+    row_max = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
+    row_sum = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], tile):
+        t = x[..., start:start + tile]
+        new_max = torch.maximum(row_max, t.amax(dim=-1))
+        # exp(−inf − −inf) would be NaN: a row that has seen only −inf keeps row_sum 0
+        safe_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        row_sum = row_sum * torch.exp(row_max - safe_max) + torch.exp(t - safe_max[..., None]).sum(dim=-1)
+        row_max = new_max
+    safe_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
+    return torch.exp(x - safe_max[..., None]) / row_sum[..., None]
+
+
+def attention_tiled(q: Tensor, k: Tensor, v: Tensor, block_n: int = 64, causal: bool = False,
+                    softmax_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                    softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+    """The FlashAttention-2 forward loop in plain PyTorch (float64): each query row walks the
+    key/value tiles, keeping row_max, row_sum and the unnormalised output acc_o, rescaled by
+    exp(row_max_old − row_max_new) whenever a tile raises the max. Never forms the (Sq, Sk)
+    probability matrix; equals attention() (tested). Returns (out, lse) like attention()."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, group = k.shape[1], heads // k.shape[2]
+    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
+    qf = _f64(q).transpose(1, 2)
+    kf = _f64(k).repeat_interleave(group, dim=2).transpose(1, 2)
+    vf = _f64(v).repeat_interleave(group, dim=2).transpose(1, 2)
+    visible = attention_mask(seqlen_q, seqlen_k, causal, window_size, device=q.device)
+    row_max = torch.full((batch, heads, seqlen_q), float("-inf"), dtype=torch.float64, device=q.device)
+    row_sum = torch.zeros_like(row_max)
+    acc_o = torch.zeros(batch, heads, seqlen_q, head_dim, dtype=torch.float64, device=q.device)
+    for n_start in range(0, seqlen_k, block_n):
+        cols = slice(n_start, n_start + block_n)
+        s = qf @ kf[:, :, cols].transpose(-1, -2) * scale  # S = Q Kᵀ · scale, one tile
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        s = s.masked_fill(~visible[:, cols], float("-inf"))
+        new_max = torch.maximum(row_max, s.amax(dim=-1))
+        safe_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        p = torch.exp(s - safe_max[..., None])  # P = exp(S − m_new), stays "in registers"
+        alpha = torch.exp(row_max - safe_max)  # rescale of everything accumulated so far
+        row_sum = row_sum * alpha + p.sum(dim=-1)
+        acc_o = acc_o * alpha[..., None] + p @ vf[:, :, cols]  # O += P V
+        row_max = new_max
+    empty = row_sum == 0
+    out = torch.where(empty[..., None], torch.zeros_like(acc_o), acc_o / torch.where(empty, 1.0, row_sum)[..., None])
+    lse = torch.where(empty, float("-inf"), row_max + torch.log(torch.where(empty, 1.0, row_sum)))
+    return out.transpose(1, 2), lse.float()

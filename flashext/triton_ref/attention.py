@@ -1,0 +1,218 @@
+"""Triton twin of the FlashAttention-2 forward (the CUDA kernel comes with issue 3; this twin
+fixes the names and the loop it will mirror).
+
+flash_attention_fwd_kernel: program (m_block, batch · H + head) owns BLOCK_M query rows of one
+head and walks the key/value tiles of its KV head (head // GROUP) BLOCK_N at a time:
+
+    S      = Q Kᵀ                                  (fp32 accumulate)
+    S      = softcap · tanh(S · scale / softcap)   when softcap > 0, then · log2 e
+           = S · scale_log2                        otherwise (scale_log2 = scale · log2 e)
+    S      = −inf where the key is masked (past seqlen_k, causal/window, bottom-right aligned)
+    m_new  = max(row_max, rowmax(S))
+    P      = exp2(S − m_new)                       kept in registers, cast to V's dtype
+    alpha  = exp2(row_max − m_new)
+    row_sum = row_sum · alpha + rowsum(P)
+    acc_o   = acc_o · alpha + P V
+and finally O = acc_o / row_sum, lse = (row_max + log2 row_sum) · ln 2 (natural log). A row that
+sees no key (row_sum = 0) writes O = 0 and lse = −inf. Only the key tiles that can be visible to
+the block's rows are visited (causal and window bounds).
+
+Varlen: with cu_seqlens, batch b's rows are cu_seqlens[b]:cu_seqlens[b + 1] of the packed tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+kLog2e = tl.constexpr(1.4426950408889634)
+kLn2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def round_to_bf16(value):
+    """fp32 → the nearest-even bf16 value, still in fp32. The Triton interpreter casts fp32 → bf16
+    by truncation; on a GPU the cast already rounds, so this changes nothing there."""
+    bits = value.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def to_dtype(value, dtype: tl.constexpr):
+    if dtype == tl.bfloat16:
+        value = round_to_bf16(value)
+    return value.to(dtype)
+
+
+@triton.jit
+def tanh_via_exp(x):
+    # tanh(x) = 1 − 2/(e^{2x} + 1): exact ±1 limits when e^{2x} over/underflows
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def flash_attention_fwd_kernel(
+    Q, K, V, O, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+    seqlen_q_fixed, seqlen_k_fixed, head_dim, scale, scale_log2, softcap, window_left, window_right,
+    H: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):
+    m_block = tl.program_id(0)
+    batch = tl.program_id(1) // H
+    head = tl.program_id(1) % H
+    kv_head = head // GROUP
+
+    if VARLEN:
+        q_start = tl.load(CU_SEQLENS_Q + batch).to(tl.int64)
+        k_start = tl.load(CU_SEQLENS_K + batch).to(tl.int64)
+        seqlen_q = (tl.load(CU_SEQLENS_Q + batch + 1) - q_start).to(tl.int32)
+        seqlen_k = (tl.load(CU_SEQLENS_K + batch + 1) - k_start).to(tl.int32)
+        batch_offset_q = q_start * stride_qs
+        batch_offset_k = k_start * stride_ks
+        batch_offset_v = k_start * stride_vs
+        batch_offset_o = q_start * stride_os
+        lse_offset = q_start  # lse is (H, total_q)
+    else:
+        seqlen_q = seqlen_q_fixed
+        seqlen_k = seqlen_k_fixed
+        batch_offset_q = batch.to(tl.int64) * stride_qb
+        batch_offset_k = batch.to(tl.int64) * stride_kb
+        batch_offset_v = batch.to(tl.int64) * stride_vb
+        batch_offset_o = batch.to(tl.int64) * stride_ob
+        lse_offset = batch.to(tl.int64) * stride_lb
+
+    m_start = m_block * BLOCK_M
+    if m_start < seqlen_q:
+        offs_m = m_start + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        row_valid = offs_m < seqlen_q
+        d_valid = offs_d < head_dim
+        q = tl.load(Q + batch_offset_q + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
+                    mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+
+        # Key columns visible to this block's rows: diagonal offset of bottom-right alignment.
+        diag = seqlen_k - seqlen_q
+        n_lo = 0
+        n_hi = seqlen_k
+        if window_left >= 0:
+            n_lo = tl.maximum(m_start + diag - window_left, 0)
+            n_lo = (n_lo // BLOCK_N) * BLOCK_N
+        if window_right >= 0:
+            n_hi = tl.minimum(m_start + BLOCK_M - 1 + diag + window_right + 1, seqlen_k)
+
+        row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc_o = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for n_start in range(n_lo, n_hi, BLOCK_N):
+            offs_n = n_start + tl.arange(0, BLOCK_N)
+            col_valid = offs_n < seqlen_k
+            kv_mask = col_valid[:, None] & d_valid[None, :]
+            k = tl.load(K + batch_offset_k + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
+                        mask=kv_mask, other=0.0)
+            v = tl.load(V + batch_offset_v + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
+                        mask=kv_mask, other=0.0)
+            if DOT_IN_FP32:  # interpreter + bf16 only: its tl.dot multiplies bf16's raw bits
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+            else:
+                s = tl.dot(q, tl.trans(k))  # S = Q Kᵀ
+            if HAS_SOFTCAP:
+                s = softcap * tanh_via_exp(s * (scale / softcap)) * kLog2e
+            else:
+                s = s * scale_log2
+            # key j visible to row i: j < seqlen_k, i + diag − left ≤ j ≤ i + diag + right (−1: unbounded)
+            visible = col_valid[None, :] & (
+                (window_left < 0) | (offs_n[None, :] >= offs_m[:, None] + diag - window_left))
+            visible = visible & ((window_right < 0) | (offs_n[None, :] <= offs_m[:, None] + diag + window_right))
+            s = tl.where(visible, s, float("-inf"))
+
+            new_max = tl.maximum(row_max, tl.max(s, axis=1))
+            # A row that has seen only masked keys keeps max −inf: exp2(−inf − −inf) would be NaN.
+            safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+            p = tl.exp2(s - safe_max[:, None])  # P = exp2(S − m_new)
+            alpha = tl.exp2(row_max - safe_max)  # rescale what was accumulated under the old max
+            row_sum = row_sum * alpha + tl.sum(p, axis=1)
+            p_v = to_dtype(p, v.dtype)  # P in V's dtype, as the tensor cores take it
+            if DOT_IN_FP32:
+                acc_o = acc_o * alpha[:, None] + tl.dot(p_v.to(tl.float32), v.to(tl.float32))
+            else:
+                acc_o = acc_o * alpha[:, None] + tl.dot(p_v, v)  # O += P V
+            row_max = new_max
+
+        empty = row_sum == 0.0
+        out = acc_o / tl.where(empty, 1.0, row_sum)[:, None]
+        tl.store(O + batch_offset_o + head * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+                 to_dtype(out, O.dtype.element_ty), mask=row_valid[:, None] & d_valid[None, :])
+        lse = tl.where(empty, float("-inf"), (row_max + tl.log2(tl.where(empty, 1.0, row_sum))) * kLn2)
+        tl.store(LSE + lse_offset + head * stride_lh + offs_m, lse, mask=row_valid)
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
+                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    block_m: int = 64, block_n: int = 64, out: Tensor | None = None,
+                    lse: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """q (B, Sq, H, D), k/v (B, Sk, Hkv, D), last dim contiguous → (out (B, Sq, H, D), lse (B, H, Sq) fp32).
+    out/lse: buffers to write into (tests pass NaN-filled ones)."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    out = torch.empty_like(q) if out is None else out
+    lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device) if lse is None else lse
+    _launch(q, k, v, out, lse, None, None, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim,
+            (q.stride(0), q.stride(1), q.stride(2)), (k.stride(0), k.stride(1), k.stride(2)),
+            (v.stride(0), v.stride(1), v.stride(2)), (out.stride(0), out.stride(1), out.stride(2)),
+            (lse.stride(0), lse.stride(1)), causal, softmax_scale, window_size, softcap, block_m, block_n)
+    return out, lse
+
+
+def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                           softmax_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                           softcap: float = 0.0, block_m: int = 64, block_n: int = 64) -> tuple[Tensor, Tensor]:
+    """Packed q (total_q, H, D), k/v (total_k, Hkv, D), int32 cu_seqlens (B + 1)
+    → (out (total_q, H, D), lse (H, total_q) fp32)."""
+    total_q, heads, head_dim = q.shape
+    heads_kv = k.shape[1]
+    out = torch.empty_like(q)
+    lse = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
+    batch = cu_seqlens_q.numel() - 1
+    _launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, heads, heads_kv,
+            head_dim, (0, q.stride(0), q.stride(1)), (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1)),
+            (0, out.stride(0), out.stride(1)), (0, lse.stride(0)), causal, softmax_scale, window_size, softcap,
+            block_m, block_n)
+    return out, lse
+
+
+def _launch(q, k, v, out, lse, cu_q, cu_k, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim,
+            sq, sk, sv, so, sl, causal, softmax_scale, window_size, softcap, block_m, block_n):
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("flash_attention twin: the last dim of q, k and v must be contiguous")
+    if heads % heads_kv != 0:
+        raise ValueError(f"flash_attention twin: H = {heads} is not a multiple of Hkv = {heads_kv}")
+    if batch == 0 or seqlen_q == 0 or heads == 0:
+        return
+    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
+    left, right = window_size
+    if causal:
+        right = 0
+    varlen = cu_q is not None
+    grid = (triton.cdiv(seqlen_q, block_m), batch * heads)
+    flash_attention_fwd_kernel[grid](
+        q, k, v, out, lse, cu_q if varlen else q, cu_k if varlen else q,
+        *sq, *sk, *sv, *so, *sl,
+        seqlen_q, seqlen_k, head_dim, scale, scale * math.log2(math.e), softcap, left, right,
+        H=heads, GROUP=heads // heads_kv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim),
+        VARLEN=varlen, HAS_SOFTCAP=softcap > 0,
+        # bf16 values are exact in fp32 and their products too: same math, accumulation order aside
+        DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16,
+    )

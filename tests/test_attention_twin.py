@@ -1,0 +1,100 @@
+"""The Triton twin of the FlashAttention forward (flashext/triton_ref/attention.py) against
+flashext.reference, by the tolerance rule of DESIGN.md: at most 2× the error of plain PyTorch
+attention in the same dtype, plus 1e-5, for the output and the lse. Without a GPU it runs under
+the Triton interpreter on small shapes; on a GPU, on the issue's grid of shapes."""
+
+import pytest
+import torch
+
+from flashext import reference as ref
+from flashext.testing import assert_close
+from flashext.triton_ref import attention as twin
+from tests.conftest import HAS_CUDA
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+BLOCK = {} if HAS_CUDA else {"block_m": 16, "block_n": 16}
+DTYPES = [torch.float16, torch.bfloat16]
+if HAS_CUDA:
+    SEQLENS = [(1, 1), (1, 300), (113, 203), (128, 217), (255, 1), (512, 256), (1023, 1024)]
+    HEADS_KV, HEAD_DIMS = [6, 3, 2, 1], [64, 80, 128]
+else:
+    SEQLENS = [(1, 1), (1, 37), (13, 29), (32, 17), (40, 40)]
+    HEADS_KV, HEAD_DIMS = [6, 2, 1], [16, 40]
+
+
+def make(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, packed=False):
+    if packed:  # q, k, v as strided views of one packed qkv tensor (seqlen_q == seqlen_k)
+        qkv = torch.randn(batch, seqlen_q, 3, heads, head_dim, device=DEVICE).to(dtype)
+        return qkv[:, :, 0], qkv[:, :, 1, :heads_kv], qkv[:, :, 2, :heads_kv]
+    return (torch.randn(batch, seqlen_q, heads, head_dim, device=DEVICE).to(dtype),
+            torch.randn(batch, seqlen_k, heads_kv, head_dim, device=DEVICE).to(dtype),
+            torch.randn(batch, seqlen_k, heads_kv, head_dim, device=DEVICE).to(dtype))
+
+
+def check(q, k, v, **kwargs):
+    batch, seqlen_q, heads, _ = q.shape
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)  # poisoned
+    lse = torch.full((batch, heads, seqlen_q), float("nan"), device=q.device)
+    twin.flash_attention(q, k, v, **kwargs, **BLOCK, out=out, lse=lse)
+    want, want_lse = ref.attention(q, k, v, return_lse=True, **kwargs)
+    base, base_lse = ref.attention(q, k, v, return_lse=True, compute_dtype=q.dtype, **kwargs)
+    assert_close(f"twin out {kwargs}", out, want, base)
+    assert_close(f"twin lse {kwargs}", lse, want_lse, base_lse.float())
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLENS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_twin_seqlens(dtype, seqlen_q, seqlen_k, causal):
+    for batch, heads_kv in ((1, HEADS_KV[0]), (3 if HAS_CUDA else 2, HEADS_KV[-1])):
+        check(*make(batch, seqlen_q, seqlen_k, 6, heads_kv, HEAD_DIMS[0], dtype), causal=causal)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("heads_kv", HEADS_KV)
+def test_twin_gqa_and_head_dims(heads_kv, head_dim):
+    check(*make(2, 37, 45, 6, heads_kv, head_dim, torch.bfloat16), causal=True)
+
+
+@pytest.mark.parametrize("kwargs", [{"window_size": (8, 0)}, {"window_size": (-1, 5)}, {"window_size": (3, 3)},
+                                    {"softcap": 3.0}, {"softcap": 3.0, "causal": True, "window_size": (16, -1)},
+                                    {"softmax_scale": 0.05}])
+def test_twin_windows_softcap_scale(kwargs):
+    check(*make(2, 40, 33, 6, 2, HEAD_DIMS[0], torch.float16), **kwargs)
+
+
+def test_twin_packed_qkv_views():
+    q, k, v = make(2, 33, 33, 6, 3, HEAD_DIMS[0], torch.bfloat16, packed=True)
+    assert not q.is_contiguous()
+    check(q, k, v, causal=True)
+
+
+def test_twin_large_logits_stay_finite():
+    q, k, v = make(1, 32, 48, 2, 1, 16, torch.float16)
+    q = (q.float() * 300).to(torch.float16)  # scores of ±1e4 after scaling
+    out, lse = twin.flash_attention(q, k, v, **BLOCK)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    check(q, k, v)
+
+
+def test_twin_fully_masked_rows():
+    q, k, v = make(1, 20, 6, 4, 2, 16, torch.float16)  # causal bottom-right: rows 0-13 see nothing
+    out, lse = twin.flash_attention(q, k, v, causal=True, **BLOCK)
+    assert torch.equal(out[:, :14], torch.zeros_like(out[:, :14]))
+    assert torch.isneginf(lse[:, :, :14]).all()
+    check(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float16", "bfloat16"])
+def test_twin_varlen(dtype):
+    lengths_q, lengths_k = [0, 1, 7, 19, 33], [3, 0, 7, 10, 40]
+    cu_q = torch.tensor([0] + torch.tensor(lengths_q).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0] + torch.tensor(lengths_k).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    q = torch.randn(sum(lengths_q), 6, 40, device=DEVICE).to(dtype)
+    k = torch.randn(sum(lengths_k), 2, 40, device=DEVICE).to(dtype)
+    v = torch.randn(sum(lengths_k), 2, 40, device=DEVICE).to(dtype)
+    out, lse = twin.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True, **BLOCK)
+    want, want_lse = ref.attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True)
+    base, base_lse = ref.attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True, compute_dtype=dtype)
+    assert_close("twin varlen out", out, want, base)
+    assert_close("twin varlen lse", lse, want_lse, base_lse.float())
