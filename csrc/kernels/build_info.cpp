@@ -18,7 +18,8 @@ const char* compiled_kernels() {
   return "add_gelu_fwd\n"
          "add_gelu_bwd\n"
          "bias_gelu_fwd\n"
-         "bias_gelu_bwd\n";
+         "bias_gelu_bwd\n"
+         "flash_fwd (C++ API only; not yet a torch op)\n";
 }
 
 bool arch_supported(const char* arch_list, int major, int minor) {

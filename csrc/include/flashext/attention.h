@@ -1,0 +1,50 @@
+// flashext FlashAttention: torch-free launch API.
+//
+//   O = softmax(mask(cap(Q Kᵀ · softmax_scale))) V,   lse = log Σ_j exp(score_ij)  (natural log)
+//
+// Layout as flash-attn: q (B, Sq, H, D), k and v (B, Sk, Hkv, D), o like q, H % Hkv == 0 (query
+// head h reads KV head h / (H / Hkv)); any element strides, the last dim contiguous. Varlen:
+// cu_seqlens_q/k (B + 1, int32) give each sequence's rows of packed (total, H, D) tensors.
+// Causal and windows are bottom-right aligned: key j is visible to query i when
+// i + Sk − Sq − window_left ≤ j ≤ i + Sk − Sq + window_right (−1: unbounded; causal: right = 0).
+// A query that sees no key gets O = 0 and lse = −inf. Status: forward kernel written, awaiting
+// its first GPU run (docs/notes/attention.md); not yet registered as a torch op.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "flashext/common.h"
+
+namespace flashext {
+
+struct FlashFwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // dense: (B, H, Sq); varlen: (H, total_q); may be null
+  // Strides in elements. Varlen ignores the batch strides (rows are found through cu_seqlens).
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+  const int32_t* cu_seqlens_q = nullptr;  // both null: dense batch
+  const int32_t* cu_seqlens_k = nullptr;
+  int batch = 0, heads = 0, heads_kv = 0, head_dim = 0;
+  int seqlen_q = 0, seqlen_k = 0;  // dense: every sequence's; varlen: the maxima
+  float softmax_scale = 0.0f;
+  float softcap = 0.0f;  // 0: off
+  int window_left = -1, window_right = -1;  // causal is window_right = 0
+  DType dtype = DType::kBFloat16;  // kFloat16 or kBFloat16
+};
+
+// The compiled head dim that serves `head_dim` (64, 128 or 256), or 0 when none does
+// (head_dim must be a multiple of 8, at most 256).
+int flash_fwd_kernel_head_dim(int head_dim);
+
+cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
+
+}  // namespace flashext

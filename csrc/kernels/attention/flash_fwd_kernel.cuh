@@ -1,0 +1,253 @@
+// flashext FlashAttention-2 forward (sm_80+: mma.sync, ldmatrix, cp.async). Included by the
+// flash_fwd_hdim*.cu files, one per compiled head dim.
+//
+// Computes, per (query block, head, batch):
+//   S = Q Kᵀ · scale · log2 e          (or softcap · tanh(Q Kᵀ · scale / softcap) · log2 e)
+//   online softmax over the key blocks: row_max m, row_sum l, acc_o rescaled by 2^(m_old − m_new)
+//   O = acc_o / l,  lse = (m + log2 l) · ln 2
+// Grid: (ceil(Sq / kBlockM), H, B). Block: kNWarps warps; warp w owns query rows
+// [16w, 16w + 16) of the block: one m16 row tile, so row statistics live in one warp (each thread
+// holds rows g and g + 8 of its tile, g = lane / 4; a row's 4 owners are one lane quad).
+// Shared memory (dynamic): Q kBlockM × kHeadDim, K and V 2 × kBlockN × kHeadDim each (double
+// buffered with cp.async), all 16-bit: 40 KiB at D = 64, 80 KiB at 128, 96 KiB at 256.
+// Rows are stored with a 16-byte-chunk XOR swizzle (chunk c of row r at c ^ (r % 8)), so the 8
+// row addresses of every ldmatrix hit 8 different bank groups.
+// Constraints: kHeadDim ∈ {64, 128, 256}; the actual head_dim ≤ kHeadDim, a multiple of 8 (the
+// rest of each row is zero-filled); 16-byte aligned rows.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "../common/online_softmax.h"
+#include "../common/ptx.cuh"
+#include "flashext/attention.h"
+
+namespace flashext {
+namespace attention_detail {
+
+template <int kHeadDim_>
+struct FlashFwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kNWarps = 4;
+  static constexpr int kThreads = 32 * kNWarps;
+  static constexpr int kBlockM = 16 * kNWarps;
+  static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kTileQ = kBlockM * kHeadDim;  // elements
+  static constexpr int kTileKV = kBlockN * kHeadDim;
+  static constexpr int kSmemBytes = (kTileQ + 4 * kTileKV) * 2;
+  static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
+};
+
+// Element offset of (row, 16-byte chunk) in a swizzled tile of kHeadDim-wide rows.
+template <int kHeadDim>
+FX_DEVICE int swizzled(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// Copy rows [row0, row0 + kRows) of a (rows_left-row, head_dim-wide) global tile into a swizzled
+// shared tile with cp.async; rows past rows_left and columns past head_dim are zero-filled.
+template <typename Config, int kRows, typename T>
+FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_left, int head_dim) {
+  constexpr int kChunks = Config::kChunks;
+  for (int id = threadIdx.x; id < kRows * kChunks; id += Config::kThreads) {
+    const int row = id / kChunks, chunk = id % kChunks;
+    const bool valid = row < rows_left && chunk * 8 < head_dim;
+    const T* src = valid ? gmem + row * row_stride + chunk * 8 : gmem;  // any valid address
+    ptx::cp_async_16(ptx::smem_addr(smem + swizzled<Config::kHeadDim>(row, chunk)), src, valid ? 16 : 0);
+  }
+}
+
+template <typename T, typename Config>
+__global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const FlashFwdParams p) {
+  constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
+  constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per warp
+  constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per warp
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* smem_q = reinterpret_cast<T*>(smem_raw);
+  T* smem_k = smem_q + Config::kTileQ;  // 2 buffers
+  T* smem_v = smem_k + 2 * Config::kTileKV;  // 2 buffers
+
+  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = head / (p.heads / p.heads_kv);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = lane / 4, quad = lane % 4;
+
+  // This sequence's rows: dense batch or packed varlen.
+  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+  int64_t q_offset = batch * p.q_batch_stride, k_offset = batch * p.k_batch_stride;
+  int64_t v_offset = batch * p.v_batch_stride, o_offset = batch * p.o_batch_stride;
+  int64_t lse_offset = batch * p.lse_batch_stride;
+  if (p.cu_seqlens_q != nullptr) {
+    const int q_start = p.cu_seqlens_q[batch], k_start = p.cu_seqlens_k[batch];
+    seqlen_q = p.cu_seqlens_q[batch + 1] - q_start;
+    seqlen_k = p.cu_seqlens_k[batch + 1] - k_start;
+    q_offset = int64_t(q_start) * p.q_row_stride;
+    o_offset = int64_t(q_start) * p.o_row_stride;
+    k_offset = int64_t(k_start) * p.k_row_stride;
+    v_offset = int64_t(k_start) * p.v_row_stride;
+    lse_offset = q_start;
+  }
+  const int m_start = m_block * kBlockM;
+  if (m_start >= seqlen_q) return;  // whole block past this sequence (uniform per block)
+
+  const T* q = static_cast<const T*>(p.q) + q_offset + head * p.q_head_stride + int64_t(m_start) * p.q_row_stride;
+  const T* k = static_cast<const T*>(p.k) + k_offset + kv_head * p.k_head_stride;
+  const T* v = static_cast<const T*>(p.v) + v_offset + kv_head * p.v_head_stride;
+
+  // Key blocks that can be visible to rows [m_start, m_start + kBlockM): bottom-right diagonal.
+  const int diag = seqlen_k - seqlen_q;
+  int n_lo = 0, n_hi = seqlen_k;
+  if (p.window_left >= 0) n_lo = max(0, m_start + diag - p.window_left) / kBlockN * kBlockN;
+  if (p.window_right >= 0) n_hi = min(seqlen_k, m_start + kBlockM - 1 + diag + p.window_right + 1);
+  const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
+
+  const bool softcap_on = p.softcap > 0.0f;
+  const float scale_log2 = p.softmax_scale * kLog2e;
+
+  // Per thread: rows r0 = 16·warp + group and r1 = r0 + 8 of the block.
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // this thread's partial sums; the quad adds them at the end
+  float acc_o[kDTiles][4];
+#pragma unroll
+  for (int t = 0; t < kDTiles; ++t) acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.0f;
+
+  if (num_n_blocks > 0) {
+    load_tile<Config, kBlockM>(smem_q, q, p.q_row_stride, seqlen_q - m_start, p.head_dim);
+    load_tile<Config, kBlockN>(smem_k, k + int64_t(n_lo) * p.k_row_stride, p.k_row_stride, seqlen_k - n_lo, p.head_dim);
+    load_tile<Config, kBlockN>(smem_v, v + int64_t(n_lo) * p.v_row_stride, p.v_row_stride, seqlen_k - n_lo, p.head_dim);
+  }
+  ptx::cp_async_commit();
+
+  for (int it = 0; it < num_n_blocks; ++it) {
+    const int n_start = n_lo + it * kBlockN;
+    const T* smem_k_cur = smem_k + (it % 2) * Config::kTileKV;
+    const T* smem_v_cur = smem_v + (it % 2) * Config::kTileKV;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // this block's tiles are in shared memory; the other buffer is free
+    if (it + 1 < num_n_blocks) {  // prefetch the next K and V tiles while this one is computed
+      const int next = n_start + kBlockN;
+      T* smem_k_next = smem_k + ((it + 1) % 2) * Config::kTileKV;
+      T* smem_v_next = smem_v + ((it + 1) % 2) * Config::kTileKV;
+      load_tile<Config, kBlockN>(smem_k_next, k + int64_t(next) * p.k_row_stride, p.k_row_stride, seqlen_k - next, p.head_dim);
+      load_tile<Config, kBlockN>(smem_v_next, v + int64_t(next) * p.v_row_stride, p.v_row_stride, seqlen_k - next, p.head_dim);
+    }
+    ptx::cp_async_commit();
+
+    // S = Q Kᵀ for this warp's 16 rows × kBlockN columns.
+    float s[kNTiles][4];
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t q_frag[4];
+      ptx::ldmatrix_x4(q_frag, ptx::smem_addr(smem_q + swizzled<kHeadDim>(16 * warp + lane % 16, 2 * kk + lane / 16)));
+#pragma unroll
+      for (int jp = 0; jp < kNTiles / 2; ++jp) {
+        uint32_t k_frag[4];
+        const int k_row = 16 * jp + lane % 8 + (lane / 16) * 8;
+        ptx::ldmatrix_x4(k_frag, ptx::smem_addr(smem_k_cur + swizzled<kHeadDim>(k_row, 2 * kk + (lane / 8) % 2)));
+        ptx::mma_16816<T>(s[2 * jp], q_frag, k_frag[0], k_frag[1]);
+        ptx::mma_16816<T>(s[2 * jp + 1], q_frag, k_frag[2], k_frag[3]);
+      }
+    }
+
+    // Scale (log2 units), soft-cap, mask: s[j][e] is row r0 (e < 2) or r1, column 8j + 2·quad + e % 2.
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = m_start + 16 * warp + group + (e / 2) * 8;
+        const int col = n_start + 8 * j + 2 * quad + e % 2;
+        float score = softcap_on ? p.softcap * tanhf(s[j][e] * (p.softmax_scale / p.softcap)) * kLog2e
+                                 : s[j][e] * scale_log2;
+        const bool visible = col < seqlen_k && (p.window_left < 0 || col >= row + diag - p.window_left) &&
+                             (p.window_right < 0 || col <= row + diag + p.window_right);
+        s[j][e] = visible ? score : -INFINITY;
+      }
+    }
+
+    // Online softmax: new row max over the tile (the row's 4 owners are one lane quad).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[r], tile_max);
+      const float alpha = rescale_factor(row_max[r], new_max);  // 2^(m_old − m_new), 0 if empty
+      const float base = safe_row_max(new_max);
+      float tile_sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        s[j][2 * r] = ptx::exp2_approx(s[j][2 * r] - base);  // P = 2^(S − m_new); −inf → 0
+        s[j][2 * r + 1] = ptx::exp2_approx(s[j][2 * r + 1] - base);
+        tile_sum += s[j][2 * r] + s[j][2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha + tile_sum;
+      row_max[r] = new_max;
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) {
+        acc_o[t][2 * r] *= alpha;
+        acc_o[t][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V: P's accumulator layout is already the A-fragment layout (two n8 tiles = one k16).
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t p_frag[4] = {ptx::pack2<T>(s[2 * kk][0], s[2 * kk][1]), ptx::pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                  ptx::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  ptx::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int tp = 0; tp < kDTiles / 2; ++tp) {
+        uint32_t v_frag[4];
+        const int v_row = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
+        ptx::ldmatrix_x4_trans(v_frag, ptx::smem_addr(smem_v_cur + swizzled<kHeadDim>(v_row, 2 * tp + lane / 16)));
+        ptx::mma_16816<T>(acc_o[2 * tp], p_frag, v_frag[0], v_frag[1]);
+        ptx::mma_16816<T>(acc_o[2 * tp + 1], p_frag, v_frag[2], v_frag[3]);
+      }
+    }
+  }
+
+  // Epilogue: O = acc_o / l (0 for a row that saw no key), lse = (m + log2 l) · ln 2.
+  T* o = static_cast<T*>(p.o) + o_offset + head * p.o_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float total = row_sum[r];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    const int row = m_start + 16 * warp + group + 8 * r;
+    if (row < seqlen_q) {
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) {
+        const int col = 8 * t + 2 * quad;
+        if (col < p.head_dim) {
+          *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
+              ptx::pack2<T>(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);
+        }
+      }
+      if (p.lse != nullptr && quad == 0) {
+        p.lse[lse_offset + int64_t(head) * p.lse_head_stride + row] = row_lse({row_max[r], total});
+      }
+    }
+  }
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
+  using Config = FlashFwdConfig<kHeadDim>;
+  auto kernel = flash_fwd_kernel<T, Config>;
+  FX_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes));
+  const dim3 grid((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, p.heads, p.batch);
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace attention_detail
+}  // namespace flashext

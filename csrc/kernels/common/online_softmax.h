@@ -1,0 +1,45 @@
+// flashext: the online-softmax bookkeeping of FlashAttention, as __host__ __device__ functions so
+// the C++ tests check the math on the CPU (tests/cpp/test_attention.cpp).
+//
+// Scores are in log2 units (s · scale · log2 e), so every exponential is exp2. A row keeps
+//   row_max m (max score seen), row_sum l = Σ 2^(s − m) over the scores seen.
+// When a tile raises the max to m', everything accumulated under m is rescaled by 2^(m − m').
+// A row that has seen only masked scores (−inf) keeps m = −inf; using 0 in place of −inf as the
+// reference point avoids the NaN of (−inf) − (−inf) and leaves l = 0, which marks the row empty.
+#pragma once
+
+#include <cmath>
+
+#include "macros.h"
+
+namespace flashext {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// The max to subtract before exp2: m itself, or 0 while the row is still empty (m = −inf).
+FX_HOST_DEVICE float safe_row_max(float row_max) { return row_max == -INFINITY ? 0.0f : row_max; }
+
+// Rescale factor for state accumulated under old_max once the max becomes new_max (≥ old_max).
+FX_HOST_DEVICE float rescale_factor(float old_max, float new_max) {
+  return exp2f(safe_row_max(old_max) - safe_row_max(new_max)) * (old_max == -INFINITY ? 0.0f : 1.0f);
+}
+
+// Merge two partial states (m_a, l_a) and (m_b, l_b) of the same row (e.g. two key splits):
+// m = max(m_a, m_b), l = l_a · 2^(m_a − m) + l_b · 2^(m_b − m).
+struct SoftmaxState {
+  float row_max;
+  float row_sum;
+};
+
+FX_HOST_DEVICE SoftmaxState merge_softmax_states(SoftmaxState a, SoftmaxState b) {
+  const float m = fmaxf(a.row_max, b.row_max);
+  return {m, a.row_sum * rescale_factor(a.row_max, m) + b.row_sum * rescale_factor(b.row_max, m)};
+}
+
+// Natural-log log-sum-exp of a finished row from its log2-unit state; −inf for an empty row.
+FX_HOST_DEVICE float row_lse(SoftmaxState s) {
+  return s.row_sum == 0.0f ? -INFINITY : (s.row_max + log2f(s.row_sum)) * kLn2;
+}
+
+}  // namespace flashext

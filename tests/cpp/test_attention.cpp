@@ -1,0 +1,247 @@
+// flashext FlashAttention forward from C++: the online-softmax bookkeeping on the host, and the
+// kernel (flashext/attention.h) against a double-precision CPU reference on small shapes.
+// GPU tests GTEST_SKIP() when no CUDA device is present.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/online_softmax.h"
+#include "flashext/attention.h"
+
+namespace {
+
+using flashext::SoftmaxState;
+
+// ---- host: the online-softmax math -----------------------------------------------------------
+
+SoftmaxState state_of(const std::vector<float>& scores, size_t begin, size_t end) {
+  SoftmaxState s{-INFINITY, 0.0f};
+  for (size_t i = begin; i < end; ++i) s.row_max = std::max(s.row_max, scores[i]);
+  for (size_t i = begin; i < end; ++i) s.row_sum += std::exp2(scores[i] - flashext::safe_row_max(s.row_max));
+  return s;
+}
+
+TEST(OnlineSoftmax, MergingSplitsEqualsTheWholeRow) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 8.0f);
+  std::vector<float> scores(300);
+  for (auto& s : scores) s = dist(rng);
+  scores[5] = -INFINITY;  // a masked key
+  const SoftmaxState whole = state_of(scores, 0, scores.size());
+  for (size_t split : {size_t(1), size_t(64), size_t(150), size_t(299)}) {
+    const SoftmaxState merged =
+        flashext::merge_softmax_states(state_of(scores, 0, split), state_of(scores, split, scores.size()));
+    EXPECT_EQ(merged.row_max, whole.row_max);
+    EXPECT_NEAR(merged.row_sum, whole.row_sum, 1e-5 * whole.row_sum) << "split " << split;
+  }
+}
+
+TEST(OnlineSoftmax, EmptyRowsStayEmptyAndNeverNaN) {
+  const SoftmaxState empty{-INFINITY, 0.0f};
+  EXPECT_EQ(flashext::rescale_factor(-INFINITY, -INFINITY), 0.0f);
+  EXPECT_EQ(flashext::rescale_factor(-INFINITY, 3.0f), 0.0f);
+  EXPECT_EQ(flashext::rescale_factor(3.0f, 3.0f), 1.0f);
+  EXPECT_NEAR(flashext::rescale_factor(1.0f, 3.0f), 0.25f, 1e-7f);
+  const SoftmaxState merged = flashext::merge_softmax_states(empty, empty);
+  EXPECT_EQ(merged.row_sum, 0.0f);
+  EXPECT_EQ(flashext::row_lse(merged), -INFINITY);
+  const SoftmaxState one = flashext::merge_softmax_states(empty, {2.0f, 1.0f});
+  EXPECT_EQ(one.row_max, 2.0f);
+  EXPECT_EQ(one.row_sum, 1.0f);
+  EXPECT_NEAR(flashext::row_lse(one), 2.0f * flashext::kLn2, 1e-6f);  // log2 units → natural log
+}
+
+TEST(FlashFwd, HeadDimMapping) {
+  EXPECT_EQ(flashext::flash_fwd_kernel_head_dim(64), 64);
+  EXPECT_EQ(flashext::flash_fwd_kernel_head_dim(8), 64);
+  EXPECT_EQ(flashext::flash_fwd_kernel_head_dim(80), 128);
+  EXPECT_EQ(flashext::flash_fwd_kernel_head_dim(136), 256);
+  EXPECT_EQ(flashext::flash_fwd_kernel_head_dim(256), 256);
+  EXPECT_EQ(flashext::flash_fwd_kernel_head_dim(264), 0);
+  EXPECT_EQ(flashext::flash_fwd_kernel_head_dim(60), 0);
+  flashext::FlashFwdParams bad;
+  bad.heads = 6;
+  bad.heads_kv = 4;  // H % Hkv != 0
+  bad.head_dim = 64;
+  EXPECT_EQ(flashext::run_flash_fwd(bad, nullptr), cudaErrorInvalidValue);
+}
+
+// ---- GPU: the kernel against a CPU reference -------------------------------------------------
+
+bool has_device() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+template <typename T> float to_float(T v);
+template <> float to_float(__half v) { return __half2float(v); }
+template <> float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> T from_float(float v);
+template <> __half from_float(float v) { return __float2half_rn(v); }
+template <> __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+
+struct Case {
+  int batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim;
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  std::vector<int> varlen_q, varlen_k;  // non-empty: packed ragged batch with these lengths
+};
+
+// out (rows, H, D) and lse (H, rows) for one sequence, in double.
+void reference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v, int sq, int sk,
+               const Case& c, float scale, std::vector<double>& out, std::vector<double>& lse) {
+  const int group = c.heads / c.heads_kv, d = c.head_dim, right = c.causal ? 0 : c.window_right;
+  out.assign(size_t(sq) * c.heads * d, 0.0);
+  lse.assign(size_t(c.heads) * sq, -INFINITY);
+  for (int h = 0; h < c.heads; ++h) {
+    const int hk = h / group;
+    for (int i = 0; i < sq; ++i) {
+      std::vector<double> s(sk, -INFINITY);
+      double m = -INFINITY;
+      for (int j = 0; j < sk; ++j) {
+        const int diag = i + sk - sq;
+        if ((c.window_left >= 0 && j < diag - c.window_left) || (right >= 0 && j > diag + right)) continue;
+        double dot = 0;
+        for (int e = 0; e < d; ++e) dot += double(q[(size_t(i) * c.heads + h) * d + e]) * k[(size_t(j) * c.heads_kv + hk) * d + e];
+        dot *= scale;
+        if (c.softcap > 0) dot = c.softcap * std::tanh(dot / c.softcap);
+        s[j] = dot;
+        m = std::max(m, dot);
+      }
+      if (m == -INFINITY) continue;  // sees no key: O = 0, lse = −inf
+      double l = 0;
+      for (int j = 0; j < sk; ++j) l += std::exp(s[j] - m);
+      lse[size_t(h) * sq + i] = m + std::log(l);
+      for (int j = 0; j < sk; ++j) {
+        const double pr = std::exp(s[j] - m) / l;
+        if (pr == 0) continue;
+        for (int e = 0; e < d; ++e) out[(size_t(i) * c.heads + h) * d + e] += pr * v[(size_t(j) * c.heads_kv + hk) * d + e];
+      }
+    }
+  }
+}
+
+template <typename T>
+void run_case(const Case& c) {
+  SCOPED_TRACE("B=" + std::to_string(c.batch) + " Sq=" + std::to_string(c.seqlen_q) + " Sk=" + std::to_string(c.seqlen_k) +
+               " H=" + std::to_string(c.heads) + "/" + std::to_string(c.heads_kv) + " D=" + std::to_string(c.head_dim) +
+               " causal=" + std::to_string(c.causal) + " varlen=" + std::to_string(!c.varlen_q.empty()));
+  const bool varlen = !c.varlen_q.empty();
+  std::vector<int> lq = varlen ? c.varlen_q : std::vector<int>(c.batch, c.seqlen_q);
+  std::vector<int> lk = varlen ? c.varlen_k : std::vector<int>(c.batch, c.seqlen_k);
+  std::vector<int> cu_q(1, 0), cu_k(1, 0);
+  for (size_t b = 0; b < lq.size(); ++b) {
+    cu_q.push_back(cu_q.back() + lq[b]);
+    cu_k.push_back(cu_k.back() + lk[b]);
+  }
+  const int total_q = cu_q.back(), total_k = cu_k.back(), d = c.head_dim;
+  std::mt19937 rng(uint32_t(total_q * 131 + total_k * 7 + d));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto fill = [&](size_t n) {
+    std::vector<T> x(n);
+    for (auto& e : x) e = from_float<T>(dist(rng));
+    return x;
+  };
+  const auto q = fill(size_t(total_q) * c.heads * d), k = fill(size_t(total_k) * c.heads_kv * d),
+             v = fill(size_t(total_k) * c.heads_kv * d);
+  T *dq, *dk, *dv, *dout;
+  float* dlse;
+  int *dcu_q, *dcu_k;
+  const size_t o_bytes = q.size() * sizeof(T), lse_count = size_t(c.heads) * total_q;
+  ASSERT_EQ(cudaMalloc(&dq, q.size() * sizeof(T) + 16), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dk, k.size() * sizeof(T) + 16), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dv, v.size() * sizeof(T) + 16), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dout, o_bytes + 16), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dlse, lse_count * sizeof(float) + 16), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dcu_q, cu_q.size() * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dcu_k, cu_k.size() * sizeof(int)), cudaSuccess);
+  cudaMemcpy(dq, q.data(), q.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaMemcpy(dk, k.data(), k.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaMemcpy(dv, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaMemcpy(dcu_q, cu_q.data(), cu_q.size() * sizeof(int), cudaMemcpyHostToDevice);
+  cudaMemcpy(dcu_k, cu_k.data(), cu_k.size() * sizeof(int), cudaMemcpyHostToDevice);
+  cudaMemset(dout, 0xFF, o_bytes);  // NaN poison
+  cudaMemset(dlse, 0xFF, lse_count * sizeof(float));
+
+  flashext::FlashFwdParams p;
+  p.q = dq; p.k = dk; p.v = dv; p.o = dout; p.lse = dlse;
+  p.q_row_stride = int64_t(c.heads) * d; p.q_head_stride = d; p.q_batch_stride = int64_t(c.seqlen_q) * p.q_row_stride;
+  p.k_row_stride = int64_t(c.heads_kv) * d; p.k_head_stride = d; p.k_batch_stride = int64_t(c.seqlen_k) * p.k_row_stride;
+  p.v_row_stride = p.k_row_stride; p.v_head_stride = d; p.v_batch_stride = p.k_batch_stride;
+  p.o_row_stride = p.q_row_stride; p.o_head_stride = d; p.o_batch_stride = p.q_batch_stride;
+  // dense lse (B, H, Sq); varlen lse (H, total_q)
+  p.lse_head_stride = varlen ? total_q : c.seqlen_q;
+  p.lse_batch_stride = int64_t(c.heads) * c.seqlen_q;
+  if (varlen) { p.cu_seqlens_q = dcu_q; p.cu_seqlens_k = dcu_k; }
+  p.batch = int(lq.size()); p.heads = c.heads; p.heads_kv = c.heads_kv; p.head_dim = d;
+  p.seqlen_q = varlen ? *std::max_element(lq.begin(), lq.end()) : c.seqlen_q;
+  p.seqlen_k = varlen ? *std::max_element(lk.begin(), lk.end()) : c.seqlen_k;
+  p.softmax_scale = 1.0f / std::sqrt(float(d));
+  p.softcap = c.softcap;
+  p.window_left = c.window_left;
+  p.window_right = c.causal ? 0 : c.window_right;
+  p.dtype = std::is_same_v<T, __half> ? flashext::DType::kFloat16 : flashext::DType::kBFloat16;
+  ASSERT_EQ(flashext::run_flash_fwd(p, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  std::vector<T> out(q.size());
+  std::vector<float> lse(lse_count);
+  cudaMemcpy(out.data(), dout, o_bytes, cudaMemcpyDeviceToHost);
+  cudaMemcpy(lse.data(), dlse, lse_count * sizeof(float), cudaMemcpyDeviceToHost);
+  const double tol = std::is_same_v<T, __half> ? 4e-3 : 3e-2;  // 16-bit P and O roundings
+  for (size_t b = 0; b < lq.size(); ++b) {
+    std::vector<float> qf, kf, vf;
+    for (size_t i = size_t(cu_q[b]) * c.heads * d; i < size_t(cu_q[b + 1]) * c.heads * d; ++i) qf.push_back(to_float(q[i]));
+    for (size_t i = size_t(cu_k[b]) * c.heads_kv * d; i < size_t(cu_k[b + 1]) * c.heads_kv * d; ++i) {
+      kf.push_back(to_float(k[i]));
+      vf.push_back(to_float(v[i]));
+    }
+    std::vector<double> want, want_lse;
+    reference(qf, kf, vf, lq[b], lk[b], c, p.softmax_scale, want, want_lse);
+    for (int i = 0; i < lq[b]; ++i) {
+      for (int h = 0; h < c.heads; ++h) {
+        for (int e = 0; e < d; ++e) {
+          const float got = to_float(out[(size_t(cu_q[b] + i) * c.heads + h) * d + e]);
+          ASSERT_NEAR(got, want[(size_t(i) * c.heads + h) * d + e], tol) << "b " << b << " row " << i << " head " << h << " d " << e;
+        }
+        const float got_lse = varlen ? lse[size_t(h) * total_q + cu_q[b] + i] : lse[(size_t(b) * c.heads + h) * c.seqlen_q + i];
+        const double want_l = want_lse[size_t(h) * lq[b] + i];
+        if (std::isinf(want_l)) {
+          ASSERT_TRUE(std::isinf(got_lse) && got_lse < 0) << "lse of an empty row, b " << b << " row " << i;
+        } else {
+          ASSERT_NEAR(got_lse, want_l, 1e-3 * std::max(1.0, std::abs(want_l))) << "lse b " << b << " row " << i << " head " << h;
+        }
+      }
+    }
+  }
+  cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dlse); cudaFree(dcu_q); cudaFree(dcu_k);
+}
+
+template <typename T>
+class FlashFwdKernel : public ::testing::Test {};
+using Types = ::testing::Types<__half, __nv_bfloat16>;
+TYPED_TEST_SUITE(FlashFwdKernel, Types);
+
+TYPED_TEST(FlashFwdKernel, AgainstCpuReference) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  run_case<TypeParam>({2, 37, 53, 4, 2, 64});
+  run_case<TypeParam>({1, 128, 217, 2, 1, 128, /*causal=*/true});
+  run_case<TypeParam>({2, 65, 65, 2, 2, 80, false, 8, 0});  // head dim 80 served by 128; window
+  run_case<TypeParam>({1, 40, 33, 2, 2, 256, true, -1, -1, /*softcap=*/3.0f});
+  run_case<TypeParam>({1, 70, 20, 2, 1, 64, true});  // causal, Sq > Sk: rows 0..49 see no key
+  run_case<TypeParam>({1, 1, 300, 2, 2, 128});  // decode-shaped
+  Case varlen{0, 0, 0, 4, 2, 64, true};
+  varlen.varlen_q = {0, 1, 7, 70};
+  varlen.varlen_k = {3, 0, 7, 90};
+  run_case<TypeParam>(varlen);
+}
+
+}  // namespace
