@@ -46,9 +46,12 @@ cpp_build() {
 ctest_run() { cpp_build && ctest --test-dir build/cpp --output-on-failure; }
 sanitize() {
   cpp_build || return 1
-  compute-sanitizer --tool memcheck --error-exitcode 9 build/cpp/test_gelu --gtest_brief=1 || return 1
+  for binary in test_gelu test_attention; do
+    compute-sanitizer --tool memcheck --error-exitcode 9 build/cpp/$binary --gtest_brief=1 || return 1
+  done
   compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_gelu --gtest_brief=1 \
     --gtest_filter='*BiasGelu*' || return 1
+  compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_attention --gtest_brief=1 || return 1
   # a small pytest subset through the torch glue: views, unaligned pointers, in-place
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
     $PY -m pytest -q -p no:cacheprovider tests/test_gelu.py -k "views and bfloat16 or in_place and float32"
