@@ -3,6 +3,7 @@
     import flashext
     out = flashext.fused_add_gelu(x, y)          # gelu(x + y), one pass over HBM
     out = flashext.bias_gelu(x, bias)            # gelu(x + bias), the epilogue after a Linear
+    out = flashext.flash_attention(q, k, v, causal=True)   # exact attention, O(S) memory (v0)
 
 Every op is a torch.library custom op (torch.ops.flashext.*) with a fake kernel and an autograd
 formula, so it works in eager mode, under autograd, torch.compile(fullgraph=True) and CUDA graphs.
@@ -11,6 +12,15 @@ formula, so it works in eager mode, under autograd, torch.compile(fullgraph=True
 __version__ = "0.1.0"
 
 from ._build import build_info
+from .attention import flash_attention, flash_attention_varlen, scaled_dot_product_attention
 from .gelu import bias_gelu, fused_add_gelu
 
-__all__ = ["__version__", "build_info", "fused_add_gelu", "bias_gelu"]
+__all__ = [
+    "__version__",
+    "build_info",
+    "fused_add_gelu",
+    "bias_gelu",
+    "flash_attention",
+    "flash_attention_varlen",
+    "scaled_dot_product_attention",
+]

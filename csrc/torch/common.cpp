@@ -34,18 +34,22 @@ void detail::append(std::string& s, at::IntArrayRef shape) {
   s += ']';
 }
 
-void check_float_cuda_tensor(const char* fn, const at::Tensor& t, const char* name) {
+void check_cuda_tensor(const char* fn, const at::Tensor& t, const char* name) {
   FX_CHECK(t.defined(), fn, ": argument '", name, "' is undefined (None)");
   FX_CHECK(t.is_cuda(), fn, ": argument '", name, "' must be a CUDA tensor, got a tensor on ",
-              t.device());
-  const auto type = t.scalar_type();
-  FX_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16, fn,
-              ": argument '", name, "' must be float32, float16 or bfloat16, got ", type);
+           t.device());
   int major = 0, minor = 0;
   FX_CHECK(device_supported(t.get_device(), &major, &minor), fn,
-              ": this build of flashext holds kernels for CUDA archs '",
-              flashext::compiled_cuda_archs(), "', not for the compute capability ", major, ".",
-              minor, " of ", t.device(), "; rebuild with FLASHEXT_CUDA_ARCHS including it");
+           ": this build of flashext holds kernels for CUDA archs '",
+           flashext::compiled_cuda_archs(), "', not for the compute capability ", major, ".",
+           minor, " of ", t.device(), "; rebuild with FLASHEXT_CUDA_ARCHS including it");
+}
+
+void check_float_cuda_tensor(const char* fn, const at::Tensor& t, const char* name) {
+  check_cuda_tensor(fn, t, name);
+  const auto type = t.scalar_type();
+  FX_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16, fn,
+           ": argument '", name, "' must be float32, float16 or bfloat16, got ", type);
 }
 
 void check_same_device_dtype(const char* fn, const at::Tensor& ref, const char* ref_name,

@@ -45,6 +45,9 @@ template <typename... Pieces>
     if (!(cond)) ::flashext_torch::fail(__VA_ARGS__);         \
   } while (0)
 
+// `t` is defined, on a CUDA device, and this build holds kernels for that device.
+void check_cuda_tensor(const char* fn, const at::Tensor& t, const char* name);
+
 // Refuses anything the kernels cannot take, naming the public function (fn) and the argument:
 // a tensor that is not on a CUDA device, or whose dtype is not float32/float16/bfloat16, or a
 // device this build has no kernels for.

@@ -1,10 +1,9 @@
 // flashext: every op's schema, written once. Implementations register per backend in the op
-// family's glue file (gelu.cpp); fake (meta) kernels and autograd formulas live in Python
-// (flashext/gelu.py), which torch imports when it needs them (set_python_module).
+// family's glue file (gelu.cpp, attention.cpp); fake (meta) kernels and autograd formulas live in
+// Python (flashext/gelu.py, flashext/attention.py), registered when `import flashext` runs.
 #include <torch/library.h>
 
 TORCH_LIBRARY(flashext, m) {
-  m.set_python_module("flashext.gelu");
   // out = gelu(x + y); approximate: "none" (erf) or "tanh"
   m.def("add_gelu(Tensor x, Tensor y, str approximate=\"none\") -> Tensor");
   m.def("add_gelu_out(Tensor x, Tensor y, str approximate, Tensor(a!) out) -> ()");
@@ -15,4 +14,13 @@ TORCH_LIBRARY(flashext, m) {
   m.def("bias_gelu_out(Tensor x, Tensor bias, str approximate, Tensor(a!) out) -> ()");
   // (grad_x, grad_bias) with grad_bias = Σ over all leading dims of grad_x
   m.def("bias_gelu_backward(Tensor grad_out, Tensor x, Tensor bias, str approximate=\"none\") -> (Tensor, Tensor)");
+  // (out, lse): out like q (B, Sq, H, D), lse (B, H, Sq) fp32, natural log
+  m.def(
+      "flash_attn_fwd(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
+      "int window_left=-1, int window_right=-1, float softcap=0.0, bool align_top_left=False) -> (Tensor, Tensor)");
+  // packed ragged batch: q (total_q, H, D), k/v (total_k, Hkv, D); lse (H, total_q)
+  m.def(
+      "flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+      "int max_seqlen_q, int max_seqlen_k, bool causal=False, float? softmax_scale=None, int window_left=-1, "
+      "int window_right=-1, float softcap=0.0) -> (Tensor, Tensor)");
 }

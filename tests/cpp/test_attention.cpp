@@ -180,7 +180,12 @@ void run_case(const Case& c) {
   // dense lse (B, H, Sq); varlen lse (H, total_q)
   p.lse_head_stride = varlen ? total_q : c.seqlen_q;
   p.lse_batch_stride = int64_t(c.heads) * c.seqlen_q;
-  if (varlen) { p.cu_seqlens_q = dcu_q; p.cu_seqlens_k = dcu_k; }
+  if (varlen) {
+    p.cu_seqlens_q = dcu_q;
+    p.cu_seqlens_k = dcu_k;
+    p.total_q = total_q;
+    p.total_k = total_k;
+  }
   p.batch = int(lq.size()); p.heads = c.heads; p.heads_kv = c.heads_kv; p.head_dim = d;
   p.seqlen_q = varlen ? *std::max_element(lq.begin(), lq.end()) : c.seqlen_q;
   p.seqlen_k = varlen ? *std::max_element(lk.begin(), lk.end()) : c.seqlen_k;

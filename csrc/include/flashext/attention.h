@@ -6,7 +6,8 @@
 // head h reads KV head h / (H / Hkv)); any element strides, the last dim contiguous. Varlen:
 // cu_seqlens_q/k (B + 1, int32) give each sequence's rows of packed (total, H, D) tensors.
 // Causal and windows are bottom-right aligned: key j is visible to query i when
-// i + Sk − Sq − window_left ≤ j ≤ i + Sk − Sq + window_right (−1: unbounded; causal: right = 0).
+// i + Sk − Sq − window_left ≤ j ≤ i + Sk − Sq + window_right (−1: unbounded; causal: right = 0);
+// with align_top_left the diagonal offset Sk − Sq is 0 instead (torch SDPA's convention).
 // A query that sees no key gets O = 0 and lse = −inf. Status: forward kernel written, awaiting
 // its first GPU run (docs/notes/attention.md); not yet registered as a torch op.
 #pragma once
@@ -33,11 +34,18 @@ struct FlashFwdParams {
   int64_t lse_batch_stride = 0, lse_head_stride = 0;
   const int32_t* cu_seqlens_q = nullptr;  // both null: dense batch
   const int32_t* cu_seqlens_k = nullptr;
+  // Varlen: rows in the packed q and k. The kernel clamps every cu_seqlens value into
+  // [previous value, total] (and each length to the maximum below), so bad offsets can never
+  // read or write out of bounds; validating them is the caller's choice (no host sync here).
+  int64_t total_q = 0, total_k = 0;
   int batch = 0, heads = 0, heads_kv = 0, head_dim = 0;
   int seqlen_q = 0, seqlen_k = 0;  // dense: every sequence's; varlen: the maxima
   float softmax_scale = 0.0f;
   float softcap = 0.0f;  // 0: off
   int window_left = -1, window_right = -1;  // causal is window_right = 0
+  // Diagonal alignment: bottom-right (flash-attn, KV caches: query i sits at key i + Sk − Sq)
+  // or top-left (torch SDPA's is_causal: query i sits at key i).
+  bool align_top_left = false;
   DType dtype = DType::kBFloat16;  // kFloat16 or kBFloat16
 };
 

@@ -82,13 +82,17 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   int64_t v_offset = batch * p.v_batch_stride, o_offset = batch * p.o_batch_stride;
   int64_t lse_offset = batch * p.lse_batch_stride;
   if (p.cu_seqlens_q != nullptr) {
-    const int q_start = p.cu_seqlens_q[batch], k_start = p.cu_seqlens_k[batch];
-    seqlen_q = p.cu_seqlens_q[batch + 1] - q_start;
-    seqlen_k = p.cu_seqlens_k[batch + 1] - k_start;
-    q_offset = int64_t(q_start) * p.q_row_stride;
-    o_offset = int64_t(q_start) * p.o_row_stride;
-    k_offset = int64_t(k_start) * p.k_row_stride;
-    v_offset = int64_t(k_start) * p.v_row_stride;
+    // Clamped so that no offsets, however wrong, reach outside the packed tensors.
+    const int64_t q_start = min(max(int64_t(p.cu_seqlens_q[batch]), int64_t(0)), p.total_q);
+    const int64_t k_start = min(max(int64_t(p.cu_seqlens_k[batch]), int64_t(0)), p.total_k);
+    const int64_t q_end = min(max(int64_t(p.cu_seqlens_q[batch + 1]), q_start), p.total_q);
+    const int64_t k_end = min(max(int64_t(p.cu_seqlens_k[batch + 1]), k_start), p.total_k);
+    seqlen_q = int(min(q_end - q_start, int64_t(p.seqlen_q)));
+    seqlen_k = int(min(k_end - k_start, int64_t(p.seqlen_k)));
+    q_offset = q_start * p.q_row_stride;
+    o_offset = q_start * p.o_row_stride;
+    k_offset = k_start * p.k_row_stride;
+    v_offset = k_start * p.v_row_stride;
     lse_offset = q_start;
   }
   const int m_start = m_block * kBlockM;
@@ -98,8 +102,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   const T* k = static_cast<const T*>(p.k) + k_offset + kv_head * p.k_head_stride;
   const T* v = static_cast<const T*>(p.v) + v_offset + kv_head * p.v_head_stride;
 
-  // Key blocks that can be visible to rows [m_start, m_start + kBlockM): bottom-right diagonal.
-  const int diag = seqlen_k - seqlen_q;
+  // Key blocks that can be visible to rows [m_start, m_start + kBlockM). Query row i sits at key
+  // column i + diag: bottom-right (diag = Sk − Sq) or top-left (diag = 0).
+  const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;
   int n_lo = 0, n_hi = seqlen_k;
   if (p.window_left >= 0) n_lo = max(0, m_start + diag - p.window_left) / kBlockN * kBlockN;
   if (p.window_right >= 0) n_hi = min(seqlen_k, m_start + kBlockM - 1 + diag + p.window_right + 1);

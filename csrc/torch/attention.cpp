@@ -1,0 +1,176 @@
+// flashext FlashAttention: torch glue. Checks inputs (one place for the family), builds
+// FlashFwdParams (flashext/attention.h) and launches on the current stream. Schemas:
+// registration.cpp; fake kernels and the public functions: flashext/attention.py.
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <optional>
+#include <tuple>
+
+#include "common.h"
+#include "flashext/attention.h"
+
+namespace flashext_torch {
+namespace {
+
+constexpr const char* kFlash = "flashext.flash_attention";
+constexpr const char* kFlashVarlen = "flashext.flash_attention_varlen";
+
+bool rows_aligned16(const at::Tensor& t) {
+  // cp.async moves 16-byte chunks: every row start (pointer and strides) must be 16-byte aligned.
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) > 1 && (t.stride(d) * t.element_size()) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// q, k, v: same device and dtype (fp16/bf16), last dim contiguous, head dims equal, a multiple of
+// 8 up to 256, H % Hkv == 0. `rank` is 4 (dense) or 3 (varlen). Returns (H, Hkv, D).
+std::tuple<int64_t, int64_t, int64_t> check_qkv(const char* fn, const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, int64_t rank) {
+  check_cuda_tensor(fn, q, "q");
+  const auto type = q.scalar_type();
+  FX_CHECK(type == at::kHalf || type == at::kBFloat16, fn, ": argument 'q' must be float16 or bfloat16, got ", type);
+  check_same_device_dtype(fn, q, "q", k, "k");
+  check_same_device_dtype(fn, q, "q", v, "v");
+  const char* layout = rank == 4 ? "(batch, seqlen, heads, head_dim)" : "(total_tokens, heads, head_dim)";
+  FX_CHECK(q.dim() == rank, fn, ": argument 'q' must be ", int64_t(rank), "-D ", layout, ", got shape ", q.sizes());
+  FX_CHECK(k.dim() == rank, fn, ": argument 'k' must be ", int64_t(rank), "-D ", layout, ", got shape ", k.sizes());
+  FX_CHECK(v.sizes() == k.sizes(), fn, ": argument 'v' must have the shape of 'k' (", k.sizes(), "), got ", v.sizes());
+  if (rank == 4) {
+    FX_CHECK(k.size(0) == q.size(0), fn, ": arguments 'q' and 'k' must have the same batch size, got ", q.size(0),
+             " and ", k.size(0));
+  }
+  const int64_t heads = q.size(-2), heads_kv = k.size(-2), head_dim = q.size(-1);
+  FX_CHECK(k.size(-1) == head_dim, fn, ": arguments 'q' and 'k' must have the same head dim, got ", head_dim, " and ",
+           k.size(-1));
+  FX_CHECK(head_dim % 8 == 0 && head_dim <= 256 && head_dim > 0, fn,
+           ": head dim must be a multiple of 8 between 8 and 256, got ", head_dim);
+  FX_CHECK(heads_kv > 0 && heads % heads_kv == 0, fn, ": the number of query heads (", heads,
+           ") must be a multiple of the number of key/value heads (", heads_kv, ")");
+  FX_CHECK(q.stride(-1) == 1, fn, ": argument 'q' must have a contiguous last dimension, got stride ", q.stride(-1));
+  FX_CHECK(k.stride(-1) == 1, fn, ": argument 'k' must have a contiguous last dimension, got stride ", k.stride(-1));
+  FX_CHECK(v.stride(-1) == 1, fn, ": argument 'v' must have a contiguous last dimension, got stride ", v.stride(-1));
+  return {heads, heads_kv, head_dim};
+}
+
+void check_options(const char* fn, int64_t window_left, int64_t window_right, double softcap) {
+  FX_CHECK(window_left >= -1 && window_right >= -1, fn, ": window_size entries must be >= -1 (-1: unbounded), got (",
+           window_left, ", ", window_right, ")");
+  FX_CHECK(softcap >= 0.0 && std::isfinite(softcap), fn, ": softcap must be >= 0 (0: off)");
+}
+
+// The kernel's common fields; rows are read in place when 16-byte aligned, else from a copy.
+flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
+                                     at::Tensor& lse, int64_t heads, int64_t heads_kv, int64_t head_dim, bool causal,
+                                     std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
+                                     double softcap) {
+  flashext::FlashFwdParams p;
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.heads = int(heads);
+  p.heads_kv = int(heads_kv);
+  p.head_dim = int(head_dim);
+  p.softmax_scale = float(softmax_scale.has_value() ? *softmax_scale : 1.0 / std::sqrt(double(head_dim)));
+  p.softcap = float(softcap);
+  p.window_left = int(window_left);
+  p.window_right = causal ? 0 : int(window_right);
+  p.dtype = to_kernel_dtype(q.scalar_type());
+  return p;
+}
+
+std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                                  bool causal, std::optional<double> softmax_scale, int64_t window_left,
+                                                  int64_t window_right, double softcap, bool align_top_left) {
+  const auto [heads, heads_kv, head_dim] = check_qkv(kFlash, q_in, k_in, v_in, 4);
+  check_options(kFlash, window_left, window_right, softcap);
+  const int64_t batch = q_in.size(0), seqlen_q = q_in.size(1), seqlen_k = k_in.size(1);
+  at::Tensor out = at::empty(q_in.sizes(), q_in.options());
+  at::Tensor lse = at::empty({batch, heads, seqlen_q}, q_in.options().dtype(at::kFloat));
+  if (out.numel() == 0) return {out, lse};
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const at::Tensor q = rows_aligned16(q_in) ? q_in : q_in.contiguous();
+  const at::Tensor k = rows_aligned16(k_in) ? k_in : k_in.contiguous();
+  const at::Tensor v = rows_aligned16(v_in) ? v_in : v_in.contiguous();
+  flashext::FlashFwdParams p = base_params(q, k, v, out, lse, heads, heads_kv, head_dim, causal, softmax_scale,
+                                           window_left, window_right, softcap);
+  p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
+  p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
+  p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
+  p.o_batch_stride = out.stride(0), p.o_row_stride = out.stride(1), p.o_head_stride = out.stride(2);
+  p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1);
+  p.batch = int(batch);
+  p.seqlen_q = int(seqlen_q);
+  p.seqlen_k = int(seqlen_k);
+  p.align_top_left = align_top_left;
+  check_launch(kFlash, flashext::run_flash_fwd(p, current_stream(q)));
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                         const at::Tensor& v_in, const at::Tensor& cu_seqlens_q,
+                                                         const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                                                         int64_t max_seqlen_k, bool causal,
+                                                         std::optional<double> softmax_scale, int64_t window_left,
+                                                         int64_t window_right, double softcap) {
+  const auto [heads, heads_kv, head_dim] = check_qkv(kFlashVarlen, q_in, k_in, v_in, 3);
+  check_options(kFlashVarlen, window_left, window_right, softcap);
+  for (const auto& [cu, name] : {std::pair<const at::Tensor&, const char*>{cu_seqlens_q, "cu_seqlens_q"},
+                                 std::pair<const at::Tensor&, const char*>{cu_seqlens_k, "cu_seqlens_k"}}) {
+    FX_CHECK(cu.defined() && cu.device() == q_in.device(), kFlashVarlen, ": argument '", name,
+             "' must be on the device of 'q' (", q_in.device(), ")");
+    FX_CHECK(cu.scalar_type() == at::kInt, kFlashVarlen, ": argument '", name, "' must be int32, got ",
+             cu.scalar_type());
+    FX_CHECK(cu.dim() == 1 && cu.size(0) >= 1 && cu.is_contiguous(), kFlashVarlen, ": argument '", name,
+             "' must be a contiguous 1-D tensor of batch + 1 offsets, got shape ", cu.sizes());
+  }
+  FX_CHECK(cu_seqlens_k.size(0) == cu_seqlens_q.size(0), kFlashVarlen,
+           ": 'cu_seqlens_q' and 'cu_seqlens_k' must have the same length (batch + 1), got ", cu_seqlens_q.size(0),
+           " and ", cu_seqlens_k.size(0));
+  FX_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, kFlashVarlen, ": max_seqlen_q and max_seqlen_k must be >= 0");
+  const int64_t batch = cu_seqlens_q.size(0) - 1, total_q = q_in.size(0);
+  at::Tensor out = at::empty(q_in.sizes(), q_in.options());
+  at::Tensor lse = at::empty({heads, total_q}, q_in.options().dtype(at::kFloat));
+  if (out.numel() == 0 || batch == 0) return {out, lse};
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const at::Tensor q = rows_aligned16(q_in) ? q_in : q_in.contiguous();
+  const at::Tensor k = rows_aligned16(k_in) ? k_in : k_in.contiguous();
+  const at::Tensor v = rows_aligned16(v_in) ? v_in : v_in.contiguous();
+  flashext::FlashFwdParams p = base_params(q, k, v, out, lse, heads, heads_kv, head_dim, causal, softmax_scale,
+                                           window_left, window_right, softcap);
+  p.q_row_stride = q.stride(0), p.q_head_stride = q.stride(1);
+  p.k_row_stride = k.stride(0), p.k_head_stride = k.stride(1);
+  p.v_row_stride = v.stride(0), p.v_head_stride = v.stride(1);
+  p.o_row_stride = out.stride(0), p.o_head_stride = out.stride(1);
+  p.lse_head_stride = lse.stride(0);
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  p.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
+  p.total_q = total_q;
+  p.total_k = k.size(0);
+  p.batch = int(batch);
+  // Rows of a sequence longer than max_seqlen_q are not computed (as in flash-attn): the
+  // kernel clamps lengths to the maxima, never reading or writing past the packed tensors.
+  p.seqlen_q = int(max_seqlen_q);
+  p.seqlen_k = int(max_seqlen_k);
+  check_launch(kFlashVarlen, flashext::run_flash_fwd(p, current_stream(q)));
+  return {out, lse};
+}
+
+void register_attention_impls(torch::Library& m) {
+  m.impl("flash_attn_fwd", &flash_attn_fwd);
+  m.impl("flash_attn_varlen_fwd", &flash_attn_varlen_fwd);
+}
+
+}  // namespace
+
+// CUDA tensors run the kernel; CPU tensors reach the same checks, which refuse them by name.
+TORCH_LIBRARY_IMPL(flashext, CUDA, m) { register_attention_impls(m); }
+TORCH_LIBRARY_IMPL(flashext, CPU, m) { register_attention_impls(m); }
+
+}  // namespace flashext_torch

@@ -1,0 +1,145 @@
+"""FlashAttention: exact attention without an S × S matrix in HBM.
+
+The CUDA kernel is csrc/kernels/attention/ (schemas in csrc/torch/registration.cpp, glue in
+csrc/torch/attention.cpp); this module holds the public functions, the fake (meta) kernels and
+the autograd registration (the backward is a later issue: asking for gradients raises).
+Definition: flashext.reference.attention; Triton twin: flashext/triton_ref/attention.py.
+
+Status: forward kernel v0 — written and tested against a CPU reference in C++, not yet validated
+on a GPU; the first call warns until it is (see docs/notes/attention.md).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from ._build import require_extension
+
+require_extension()
+
+_ops = torch.ops.flashext
+_VALIDATED_ON_GPU = False
+_warned = False
+
+
+def _warn_unvalidated() -> None:
+    global _warned
+    if not _VALIDATED_ON_GPU and not _warned:
+        _warned = True
+        warnings.warn("flashext.flash_attention: the forward kernel (v0) has not been validated on a GPU yet; "
+                      "compare with flashext.reference.attention before relying on it", stacklevel=3)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
+                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, return_lse: bool = False):
+    """softmax(q·kᵀ·softmax_scale) · v for q (B, Sq, H, D), k and v (B, Sk, Hkv, D), H % Hkv == 0.
+
+    fp16/bf16, any strides with a contiguous last dim, head dim a multiple of 8 up to 256.
+    causal and window_size = (left, right) are aligned bottom-right when Sq != Sk (flash-attn);
+    softcap > 0 applies softcap · tanh(s / softcap) to the scaled scores. Returns out (B, Sq, H, D)
+    and, with return_lse, the log-sum-exp (B, H, Sq) in fp32 (natural log; −inf for a query that
+    sees no key, whose output is 0).
+    """
+    _warn_unvalidated()
+    out, lse = _ops.flash_attn_fwd(q, k, v, causal, softmax_scale, window_size[0], window_size[1], softcap, False)
+    return (out, lse) if return_lse else out
+
+
+def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                           softmax_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                           softcap: float = 0.0, return_lse: bool = False, validate: bool | None = None):
+    """Packed ragged batch: q (total_q, H, D), k/v (total_k, Hkv, D); sequence b is rows
+    cu_seqlens[b]:cu_seqlens[b + 1] (int32, B + 1 entries). Sequences of length 0 and 1 are fine.
+    Returns out (total_q, H, D) and with return_lse the lse (H, total_q).
+
+    validate (default: on, except during CUDA-graph capture or torch.compile tracing) checks the
+    offsets' values — monotonic, within the tensors, no sequence longer than max_seqlen — which
+    costs a host sync. Without it the kernel still never reads or writes out of bounds (it clamps
+    the offsets), but a sequence longer than max_seqlen_q would leave rows unwritten.
+    """
+    _warn_unvalidated()
+    if validate is None:
+        validate = not (torch.compiler.is_compiling() or
+                        (q.is_cuda and torch.cuda.is_current_stream_capturing()))
+    if validate:
+        _validate_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
+        _validate_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
+    out, lse = _ops.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                          softmax_scale, window_size[0], window_size[1], softcap)
+    return (out, lse) if return_lse else out
+
+
+def _validate_cu_seqlens(name: str, cu: Tensor, total: int, max_seqlen: int) -> None:
+    fn = "flashext.flash_attention_varlen"
+    if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
+        return  # the op's own checks name these errors
+    lengths = cu[1:] - cu[:-1]
+    bad = torch.stack([cu[0] != 0, (lengths < 0).any(), cu[-1] > total,
+                       (lengths.max() > max_seqlen) if lengths.numel() else cu[0] != cu[0]]).cpu()
+    if bad[0]:
+        raise RuntimeError(f"{fn}: argument '{name}' must start at 0")
+    if bad[1]:
+        raise RuntimeError(f"{fn}: argument '{name}' must be non-decreasing")
+    if bad[2]:
+        raise RuntimeError(f"{fn}: argument '{name}' ends past the packed tensor ({total} rows)")
+    if bad[3]:
+        raise RuntimeError(f"{fn}: a sequence in '{name}' is longer than its max_seqlen ({max_seqlen})")
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """torch.nn.functional.scaled_dot_product_attention's signature and semantics on (B, H, S, D)
+    tensors (is_causal is top-left aligned, as in torch), computed by the FlashAttention kernel on
+    transposed views (no copies). A dense attn_mask and dropout are not supported: they raise."""
+    fn = "flashext.scaled_dot_product_attention"
+    if attn_mask is not None:
+        raise NotImplementedError(f"{fn}: attn_mask is not supported; use is_causal, or flashext.flash_attention's "
+                                  "window_size for sliding windows")
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"{fn}: dropout_p must be 0.0 (dropout is not supported)")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise RuntimeError(f"{fn}: query, key and value must be 4-D (batch, heads, seqlen, head_dim)")
+    if key.shape[1] != query.shape[1] and not enable_gqa:
+        raise RuntimeError(f"{fn}: query has {query.shape[1]} heads and key {key.shape[1]}; pass enable_gqa=True "
+                           "for grouped-query attention")
+    _warn_unvalidated()
+    out, _ = _ops.flash_attn_fwd(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal,
+                                 scale, -1, -1, 0.0, True)
+    return out.transpose(1, 2)
+
+
+# ---- fake kernels ------------------------------------------------------------------------------
+
+
+@torch.library.register_fake("flashext::flash_attn_fwd")
+def _flash_attn_fwd_fake(q, k, v, causal=False, softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0,
+                         align_top_left=False):
+    torch._check(q.dim() == 4 and k.dim() == 4 and v.shape == k.shape,
+                 lambda: "flashext.flash_attention: q, k, v must be (batch, seqlen, heads, head_dim), v like k")
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+@torch.library.register_fake("flashext::flash_attn_varlen_fwd")
+def _flash_attn_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                                softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0):
+    torch._check(q.dim() == 3 and k.dim() == 3 and v.shape == k.shape,
+                 lambda: "flashext.flash_attention_varlen: q, k, v must be (total, heads, head_dim), v like k")
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+# ---- autograd: no backward yet; a clear error, never a wrong gradient ---------------------------
+
+
+def _no_backward(ctx, *grads):
+    raise NotImplementedError("flashext.flash_attention: the backward pass is not implemented yet; "
+                              "use it under torch.no_grad() / inference_mode, or F.scaled_dot_product_attention "
+                              "for training")
+
+
+for _op in ("flashext::flash_attn_fwd", "flashext::flash_attn_varlen_fwd"):
+    torch.library.register_autograd(_op, _no_backward, setup_context=lambda ctx, inputs, output: None)

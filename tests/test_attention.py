@@ -1,0 +1,265 @@
+"""flashext.flash_attention, flash_attention_varlen and scaled_dot_product_attention: semantics,
+precision (DESIGN.md's rule: at most 2× plain PyTorch's error in the same dtype, + 1e-5, for the
+output and the lse), layouts, masks, ragged batches, errors, tracing and graph capture.
+GPU tests skip where no CUDA device is visible."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashext
+from flashext import reference as ref
+from flashext.testing import assert_close, poison_cache
+from tests.conftest import requires_cuda
+
+pytestmark = pytest.mark.filterwarnings("ignore:flashext.flash_attention. the forward kernel")
+
+DTYPES = [torch.float16, torch.bfloat16]
+DTYPE_IDS = ["float16", "bfloat16"]
+SEQLENS = [(1, 1), (1, 300), (113, 203), (128, 217), (255, 1), (512, 256), (1023, 1024), (2048, 2048)]
+
+
+def make(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, packed=False, scale=1.0):
+    if packed:  # q, k, v as strided views of one packed qkv tensor
+        qkv = (torch.randn(batch, seqlen_q, 3, heads, head_dim, device="cuda") * scale).to(dtype)
+        return qkv[:, :, 0], qkv[:, :, 1, :heads_kv], qkv[:, :, 2, :heads_kv]
+    return ((torch.randn(batch, seqlen_q, heads, head_dim, device="cuda") * scale).to(dtype),
+            torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda").to(dtype),
+            torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda").to(dtype))
+
+
+def check(q, k, v, **kwargs):
+    poison_cache(q)
+    out, lse = flashext.flash_attention(q, k, v, return_lse=True, **kwargs)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
+    want, want_lse = ref.attention(q, k, v, return_lse=True, **kwargs)
+    base, base_lse = ref.attention(q, k, v, return_lse=True, compute_dtype=q.dtype, **kwargs)
+    assert_close(f"out {kwargs}", out, want, base)
+    assert_close(f"lse {kwargs}", lse, want_lse, base_lse.float())
+    return out, lse
+
+
+# ---- correctness on the GPU ---------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLENS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_seqlens_batches_gqa(dtype, causal, seqlen_q, seqlen_k):
+    for batch, heads_kv in ((1, 6), (3, 3), (3, 2), (1, 1)):
+        check(*make(batch, seqlen_q, seqlen_k, 6, heads_kv, 128, dtype), causal=causal)
+
+
+@requires_cuda
+@pytest.mark.parametrize("head_dim", [8, 64, 80, 128, 200, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_head_dims(dtype, head_dim):
+    for causal in (False, True):
+        check(*make(2, 300, 257, 6, 2, head_dim, dtype), causal=causal)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kwargs", [{"window_size": (64, 0)}, {"window_size": (-1, 17)}, {"window_size": (3, 3)},
+                                    {"window_size": (0, 0)}, {"softcap": 30.0}, {"softcap": 5.0, "causal": True},
+                                    {"softcap": 5.0, "window_size": (100, 10)}, {"softmax_scale": 0.02},
+                                    {"causal": True, "window_size": (128, -1)}])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_windows_softcap_scale(dtype, kwargs):
+    check(*make(2, 333, 500, 6, 3, 64, dtype), **kwargs)
+    check(*make(1, 500, 333, 6, 6, 128, dtype), **kwargs)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_packed_qkv_and_bhsd_views(dtype):
+    q, k, v = make(2, 300, 300, 6, 6, 64, dtype, packed=True)
+    assert not q.is_contiguous()
+    check(q, k, v, causal=True)
+    qt = torch.randn(2, 6, 129, 64, device="cuda").to(dtype)  # (B, H, S, D) memory, viewed as (B, S, H, D)
+    kt = torch.randn(2, 2, 77, 64, device="cuda").to(dtype)
+    vt = torch.randn(2, 2, 77, 64, device="cuda").to(dtype)
+    check(qt.transpose(1, 2), kt.transpose(1, 2), vt.transpose(1, 2))
+
+
+@requires_cuda
+def test_fully_masked_rows_are_zero_never_nan():
+    q, k, v = make(2, 300, 100, 6, 2, 64, torch.bfloat16)  # causal, bottom-right: 200 rows see nothing
+    out, lse = check(q, k, v, causal=True)
+    assert torch.equal(out[:, :200], torch.zeros_like(out[:, :200]))
+    assert torch.isneginf(lse[:, :, :200]).all() and not torch.isnan(out).any()
+    out, lse = flashext.flash_attention(q, k[:, :0], v[:, :0], return_lse=True)  # no keys at all
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
+@requires_cuda
+def test_large_logits_stay_finite():
+    q, k, v = make(1, 256, 256, 2, 2, 64, torch.float16, scale=150.0)  # scores of ±1e4 after scaling
+    out, lse = check(q, k, v)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_varlen(dtype):
+    lengths_q, lengths_k = [0, 1, 7, 300, 129, 1], [5, 0, 7, 250, 400, 1]
+    cu_q = torch.tensor([0] + torch.tensor(lengths_q).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + torch.tensor(lengths_k).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lengths_q), 6, 128, device="cuda").to(dtype)
+    k = torch.randn(sum(lengths_k), 2, 128, device="cuda").to(dtype)
+    v = torch.randn(sum(lengths_k), 2, 128, device="cuda").to(dtype)
+    for causal in (False, True):
+        poison_cache(q)
+        out, lse = flashext.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                                   causal=causal, return_lse=True)
+        want, want_lse = ref.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
+        base, base_lse = ref.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, return_lse=True, compute_dtype=dtype)
+        assert_close("varlen out", out, want, base)
+        assert_close("varlen lse", lse, want_lse, base_lse.float())
+
+
+@requires_cuda
+def test_varlen_offsets_are_validated():
+    q = torch.randn(10, 2, 64, device="cuda", dtype=torch.float16)
+    good = torch.tensor([0, 4, 10], dtype=torch.int32, device="cuda")
+    for bad, message in [(torch.tensor([0, 6, 4], dtype=torch.int32, device="cuda"), "non-decreasing"),
+                         (torch.tensor([0, 4, 11], dtype=torch.int32, device="cuda"), "ends past"),
+                         (torch.tensor([1, 4, 10], dtype=torch.int32, device="cuda"), "must start at 0")]:
+        with pytest.raises(RuntimeError, match=message):
+            flashext.flash_attention_varlen(q, q, q, bad, good, 10, 10)
+    with pytest.raises(RuntimeError, match="longer than its max_seqlen"):
+        flashext.flash_attention_varlen(q, q, q, good, good, 5, 10)
+    # without validation the kernel clamps: no out-of-bounds access, whatever the offsets
+    flashext.flash_attention_varlen(q, q, q, torch.tensor([0, 60, 4], dtype=torch.int32, device="cuda"), good, 10, 10,
+                                    validate=False)
+    torch.cuda.synchronize()
+
+
+@requires_cuda
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(128, 128), (100, 300), (300, 100)])
+def test_sdpa_compatible_entry_point(seqlen_q, seqlen_k):
+    query = torch.randn(2, 8, seqlen_q, 64, device="cuda", dtype=torch.bfloat16)
+    key = torch.randn(2, 2, seqlen_k, 64, device="cuda", dtype=torch.bfloat16)
+    value = torch.randn(2, 2, seqlen_k, 64, device="cuda", dtype=torch.bfloat16)
+    for is_causal in (False, True):
+        got = flashext.scaled_dot_product_attention(query, key, value, is_causal=is_causal, enable_gqa=True)
+        # torch's own semantics (top-left causal), computed in fp64 with the math backend
+        want = F.scaled_dot_product_attention(query.double(), key.double().repeat_interleave(4, 1),
+                                              value.double().repeat_interleave(4, 1), is_causal=is_causal)
+        base = F.scaled_dot_product_attention(query, key.repeat_interleave(4, 1), value.repeat_interleave(4, 1),
+                                              is_causal=is_causal)
+        rows = torch.isfinite(want).all(-1)  # torch gives NaN for a row that sees no key
+        assert_close("sdpa", got[rows], want[rows], base[rows])
+
+
+@requires_cuda
+def test_memory_is_linear_in_sequence_length():
+    q, k, v = make(1, 65536, 65536, 1, 1, 128, torch.float16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = flashext.flash_attention(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    assert extra <= 32 * 2**20, f"peak extra memory {extra / 2**20:.1f} MiB"
+    del out
+
+
+# ---- tracing, graphs, modes ----------------------------------------------------------------------
+
+
+@requires_cuda
+def test_opcheck():
+    q, k, v = make(2, 37, 45, 4, 2, 64, torch.bfloat16)
+    torch.library.opcheck(torch.ops.flashext.flash_attn_fwd.default, (q, k, v, True, None, -1, -1, 0.0, False))
+    cu = torch.tensor([0, 10, 37], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 20, 45], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(torch.ops.flashext.flash_attn_varlen_fwd.default,
+                          (q[0], k[0], v[0], cu, cu_k, 27, 25, False, None, -1, -1, 0.0))
+
+
+@requires_cuda
+def test_torch_compile_fullgraph_and_cuda_graph():
+    q, k, v = make(2, 200, 200, 4, 2, 64, torch.float16)
+    compiled = torch.compile(lambda q, k, v: flashext.flash_attention(q, k, v, causal=True) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), flashext.flash_attention(q, k, v, causal=True) * 2)
+    static = [t.clone() for t in (q, k, v)]
+    flashext.flash_attention(*static)  # warm up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flashext.flash_attention(*static)
+    fresh = make(2, 200, 200, 4, 2, 64, torch.float16)
+    for s, f in zip(static, fresh):
+        s.copy_(f)
+    graph.replay()
+    torch.testing.assert_close(out, flashext.flash_attention(*fresh), rtol=0, atol=0)
+
+
+@requires_cuda
+def test_inference_mode_and_gradients_refused():
+    q, k, v = make(1, 64, 64, 2, 2, 64, torch.bfloat16)
+    with torch.inference_mode():
+        flashext.flash_attention(q, k, v)
+    out = flashext.flash_attention(q.requires_grad_(), k, v)
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
+        out.sum().backward()
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+
+def test_cpu_tensors_are_refused():
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"flashext.flash_attention: argument 'q' must be a CUDA tensor"):
+        flashext.flash_attention(q, q, q)
+
+
+def test_sdpa_unsupported_arguments_are_refused():
+    q = torch.randn(1, 2, 8, 64)
+    with pytest.raises(NotImplementedError, match="attn_mask is not supported"):
+        flashext.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+    with pytest.raises(NotImplementedError, match="dropout_p must be 0.0"):
+        flashext.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(RuntimeError, match="enable_gqa=True"):
+        flashext.scaled_dot_product_attention(q, q[:, :1], q[:, :1])
+
+
+def test_fake_kernels_on_meta():
+    q = torch.empty(2, 5, 6, 64, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(2, 9, 2, 64, device="meta", dtype=torch.bfloat16)
+    out, lse = torch.ops.flashext.flash_attn_fwd(q, k, k)
+    assert out.shape == q.shape and lse.shape == (2, 6, 5) and lse.dtype == torch.float32
+    cu = torch.empty(3, device="meta", dtype=torch.int32)
+    out, lse = torch.ops.flashext.flash_attn_varlen_fwd(q[0], k[0], k[0], cu, cu, 5, 9)
+    assert out.shape == (5, 6, 64) and lse.shape == (6, 5)
+
+
+@requires_cuda
+def test_bad_input():
+    q, k, v = make(2, 16, 16, 6, 2, 64, torch.bfloat16)
+    fn = r"flashext.flash_attention: "
+    cases = [
+        ((q.float(), k.float(), v.float()), r"argument 'q' must be float16 or bfloat16, got Float"),
+        ((q, k.half(), v), r"argument 'k' must have the dtype of 'q'"),
+        ((q, k.cpu(), v), r"argument 'k' must be on the same device as 'q'"),
+        ((q, k, v[:, :8]), r"argument 'v' must have the shape of 'k'"),
+        ((q[:1], k, v), r"must have the same batch size"),
+        ((q[..., :60], k[..., :60], v[..., :60]), r"head dim must be a multiple of 8"),
+        ((q[:, :, :5], k, v), r"must be a multiple of the number of key/value heads"),
+        ((q[0], k[0], v[0]), r"argument 'q' must be 4-D"),
+        ((torch.randn(2, 16, 6, 264, device="cuda", dtype=torch.bfloat16),) * 3, r"head dim must be a multiple of 8 between 8 and 256"),
+        ((q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v), r"argument 'q' must have a contiguous last dimension"),
+    ]
+    for args, message in cases:
+        with pytest.raises(RuntimeError, match=fn + message):
+            flashext.flash_attention(*args)
+    cu = torch.tensor([0, 16], dtype=torch.int32, device="cuda")
+    fnv = r"flashext.flash_attention_varlen: "
+    with pytest.raises(RuntimeError, match=fnv + r"argument 'cu_seqlens_q' must be int32"):
+        flashext.flash_attention_varlen(q[0], k[0], v[0], cu.long(), cu, 16, 16, validate=False)
+    with pytest.raises(RuntimeError, match=fnv + r"must have the same length"):
+        flashext.flash_attention_varlen(q[0], k[0], v[0], cu, torch.tensor([0, 8, 16], dtype=torch.int32, device="cuda"),
+                                        16, 16, validate=False)
+    with pytest.raises(RuntimeError, match=fnv + r"argument 'cu_seqlens_k' must be on the device of 'q'"):
+        flashext.flash_attention_varlen(q[0], k[0], v[0], cu, cu.cpu(), 16, 16, validate=False)
