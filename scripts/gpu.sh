@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # flashext on a GPU machine: build, check, test, sanitize, benchmark, in one call.
 #
-#   scripts/gpu.sh [STEP ...]       STEP: build main pytest ctest sanitize bench (default: all)
+#   scripts/gpu.sh [STEP ...]       STEP: build main pytest ctest sanitize bench bench_attention
+#                                   (default: all but bench_attention, which takes minutes)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
 #
 # Logs go to $OUT/gpu.log (or ./gpu_out when OUT is unset), benchmark JSON and plots to $OUT;
@@ -65,6 +66,7 @@ for step in "${steps[@]}"; do
     ctest) run_step ctest ctest_run ;;
     sanitize) run_step compute-sanitizer sanitize ;;
     bench) run_step bench_gelu $PY benchmarks/bench_gelu.py ${BENCH_ARGS:-} ;;
+    bench_attention) run_step bench_attention $PY benchmarks/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac
 done
@@ -73,6 +75,6 @@ done
   echo
   echo "==== summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit ${FLASHEXT_GIT_COMMIT:-unknown})"
   printf '%s\n' "${summary[@]}"
-  grep -E "^(summary|  (add|add_bwd|bias|bias_bwd) )" "$LOG" | tail -60 || true
+  grep -E "^(summary|  (add|add_bwd|bias|bias_bwd) |  (fp16|bf16) D=|  vs )" "$LOG" | tail -90 || true
   grep -E "^[0-9]+ (passed|failed)|passed|failed" "$LOG" | grep -E "^=*\s*[0-9]+ (passed|failed)" | tail -3 || true
 } | tee "$OUT/summary.txt"

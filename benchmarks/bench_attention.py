@@ -1,0 +1,231 @@
+"""FlashAttention forward against its anchors, same process, same inputs (ANCHORS.md).
+
+    python benchmarks/bench_attention.py [--quick] [--only fwd,memory]
+
+fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2048 / D) for fp16/bf16,
+        D ∈ {64, 128, 256}, causal and not, S = 512 … 16384: flashext, its Triton twin, SDPA's
+        flash (FA2), cuDNN and memory-efficient backends, and FlexAttention (fp16, D = 128 only:
+        each shape compiles). Each implementation is first checked against flashext.reference
+        on the last 256 query rows (which see every key) by the tolerance rule.
+memory  peak extra memory of one forward at B = H = 1, D = 128, fp16: flashext against SDPA's
+        math backend (which materialises the S × S scores), S = 4096 … 65536.
+Writes attention.json and attention.png to $OUT (or benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import flashext  # noqa: E402
+from benchmarks.common import bench_ms, output_dir, run_metadata, write_json  # noqa: E402
+from flashext import reference as ref  # noqa: E402
+from flashext.testing import judge  # noqa: E402
+from flashext.triton_ref import attention as twin  # noqa: E402
+
+warnings.filterwarnings("ignore", message="flashext.flash_attention: the forward kernel")
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+CHECK_ROWS = 256
+
+
+def sdpa_backend(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def implementations(dname: str, head_dim: int):
+    from torch.nn.attention import SDPBackend
+
+    impls = {
+        # (function of (q, k, v, causal) in its own layout, layout): "bshd" (B, S, H, D) or "bhsd"
+        "flashext": (lambda q, k, v, causal: flashext.flash_attention(q, k, v, causal=causal), "bshd"),
+        "triton_twin": (lambda q, k, v, causal: twin.flash_attention(q, k, v, causal=causal)[0], "bshd"),
+        "sdpa_flash": (sdpa_backend(SDPBackend.FLASH_ATTENTION), "bhsd"),
+        "sdpa_cudnn": (sdpa_backend(SDPBackend.CUDNN_ATTENTION), "bhsd"),
+        "sdpa_mem_efficient": (sdpa_backend(SDPBackend.EFFICIENT_ATTENTION), "bhsd"),
+    }
+    if dname == "fp16" and head_dim == 128:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        flex = torch.compile(flex_attention, dynamic=False)
+        masks = {}  # built once per shape, outside the timed call
+
+        def run_flex(q, k, v, causal):
+            key = (q.shape[2], k.shape[2], causal)
+            if key not in masks:
+                masks[key] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, q.shape[2], k.shape[2],
+                                               device="cuda") if causal else None
+            return flex(q, k, v, block_mask=masks[key])
+        impls["flex_attention"] = (run_flex, "bhsd")
+    return impls
+
+
+def section_fwd(rows, quick: bool):
+    seqlens = [1024, 16384] if quick else [512, 1024, 2048, 4096, 8192, 16384]
+    head_dims = [128] if quick else [64, 128, 256]
+    for dname, dtype in DTYPES.items():
+        for head_dim in head_dims:
+            heads = 2048 // head_dim
+            impls = implementations(dname, head_dim)
+            for causal in (False, True):
+                for seqlen in seqlens:
+                    batch = 16384 // seqlen
+                    q = torch.randn(batch, seqlen, heads, head_dim, device="cuda").to(dtype)
+                    k = torch.randn(batch, seqlen, heads, head_dim, device="cuda").to(dtype)
+                    v = torch.randn(batch, seqlen, heads, head_dim, device="cuda").to(dtype)
+                    layouts = {"bshd": (q, k, v), "bhsd": tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))}
+                    tail = slice(seqlen - CHECK_ROWS, seqlen)
+                    want = ref.attention(q[:, tail], k, v, causal=causal)
+                    base = ref.attention(q[:, tail], k, v, causal=causal, compute_dtype=dtype)
+                    flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+                    row = {"section": "fwd", "dtype": dname, "head_dim": head_dim, "causal": causal,
+                           "seqlen": seqlen, "batch": batch, "heads": heads, "flops": flops}
+                    for name, (fn, layout) in impls.items():
+                        args = layouts[layout]
+                        try:
+                            out = fn(*args, causal)
+                            out_bshd = out if layout == "bshd" else out.transpose(1, 2)
+                            verdict = judge(name, out_bshd[:, tail], want, base)
+                            ms = bench_ms(lambda: fn(*args, causal))
+                            row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "valid": verdict.ok,
+                                         "error": verdict.error, "allowed": verdict.allowed}
+                        except Exception as exc:  # an anchor that does not run here: say so, keep going
+                            row[name] = {"error_message": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                    rows.append(row)
+                    print_row(row)
+                    del q, k, v, layouts, want, base
+
+
+def section_memory(rows, quick: bool):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for seqlen in ([4096, 16384] if quick else [4096, 16384, 65536]):
+        q = torch.randn(1, seqlen, 1, 128, device="cuda", dtype=torch.float16)
+        row = {"section": "memory", "seqlen": seqlen}
+        for name in ("flashext", "sdpa_math"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            try:
+                if name == "flashext":
+                    out = flashext.flash_attention(q, q, q)
+                else:
+                    qt = q.transpose(1, 2)
+                    before = torch.cuda.memory_allocated()
+                    with sdpa_kernel(SDPBackend.MATH):
+                        out = F.scaled_dot_product_attention(qt, qt, qt)
+                torch.cuda.synchronize()
+                row[name] = {"peak_extra_mib": (torch.cuda.max_memory_allocated() - before) / 2**20}
+                del out
+            except torch.OutOfMemoryError:
+                row[name] = {"error_message": "out of memory"}
+        rows.append(row)
+        print(f"memory S={seqlen}: " + "  ".join(f"{k} {v.get('peak_extra_mib', float('nan')):.0f} MiB"
+                                                 for k, v in row.items() if isinstance(v, dict)), flush=True)
+        torch.cuda.empty_cache()
+
+
+def print_row(row):
+    cells = []
+    for name, cell in row.items():
+        if isinstance(cell, dict):
+            if "tflops" in cell:
+                cells.append(f"{name} {cell['tflops']:5.0f}" + ("" if cell["valid"] else "(INVALID)"))
+            else:
+                cells.append(f"{name} n/a")
+    print(f"fwd {row['dtype']} D={row['head_dim']:3d} {'causal' if row['causal'] else 'full  '} "
+          f"S={row['seqlen']:5d} TFLOP/s: " + "  ".join(cells), flush=True)
+
+
+def plot(payload, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_efficient", "flex_attention"]
+    head_dims = sorted({r["head_dim"] for r in payload["rows"] if r["section"] == "fwd"})
+    fig, axes = plt.subplots(len(head_dims), 2, figsize=(13, 4 * len(head_dims)), squeeze=False, sharey=True)
+    for i, head_dim in enumerate(head_dims):
+        for j, causal in enumerate((False, True)):
+            ax = axes[i][j]
+            rows = [r for r in payload["rows"] if r["section"] == "fwd" and r["dtype"] == "fp16"
+                    and r["head_dim"] == head_dim and r["causal"] == causal]
+            for c, name in enumerate(names):
+                points = [(r["seqlen"], r[name]["tflops"]) for r in rows if "tflops" in r.get(name, {})]
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=name, color=f"C{c}", linewidth=2.5 if name == "flashext" else 1.2)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"fp16 D={head_dim} {'causal' if causal else 'non-causal'}")
+            ax.set_xlabel("sequence length (B·S = 16384)")
+            ax.grid(True, alpha=0.3)
+            if j == 0:
+                ax.set_ylabel("TFLOP/s")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"flashext attention forward on {payload['meta']['gpu']} (torch {payload['meta']['torch']}, "
+                 f"commit {payload['meta']['commit'][:10]})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def summarize(payload):
+    """Ratios flashext / anchor per grid point, then worst and median per anchor."""
+    print("\nsummary: flashext TFLOP/s over each anchor's (same inputs, same run)")
+    ratios: dict[str, list[float]] = {}
+    for row in payload["rows"]:
+        if row["section"] != "fwd" or "tflops" not in row.get("flashext", {}):
+            continue
+        parts = []
+        for name, cell in row.items():
+            if isinstance(cell, dict) and name != "flashext" and "tflops" in cell:
+                ratio = row["flashext"]["tflops"] / cell["tflops"]
+                ratios.setdefault(name, []).append(ratio)
+                parts.append(f"{ratio:.2f}x {name}")
+        print(f"  {row['dtype']} D={row['head_dim']:3d} {'causal' if row['causal'] else 'full  '} S={row['seqlen']:5d} "
+              f"{row['flashext']['tflops']:5.0f} TFLOP/s: " + ", ".join(parts))
+    for name, values in ratios.items():
+        values = sorted(values)
+        print(f"  vs {name}: worst {values[0]:.2f}x, median {values[len(values) // 2]:.2f}x over {len(values)} points")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="D = 128, S in {1024, 16384}; memory up to 16K")
+    parser.add_argument("--only", default="fwd,memory")
+    parser.add_argument("--replot", metavar="JSON", help="redraw the PNG beside a results JSON and reprint its summary")
+    args = parser.parse_args()
+    if args.replot:
+        payload = json.loads(Path(args.replot).read_text())
+        plot(payload, Path(args.replot).with_suffix(".png"))
+        summarize(payload)
+        return
+    torch.manual_seed(0)
+    payload = {"meta": run_metadata(), "rows": []}
+    print(f"{payload['meta']['gpu']}, torch {payload['meta']['torch']}", flush=True)
+    sections = set(args.only.split(","))
+    if "fwd" in sections:
+        section_fwd(payload["rows"], args.quick)
+    if "memory" in sections:
+        section_memory(payload["rows"], args.quick)
+    path = write_json("attention.json", payload)
+    if any(r["section"] == "fwd" for r in payload["rows"]):
+        plot(payload, output_dir() / "attention.png")
+    print(f"wrote {path}")
+    summarize(payload)
+
+
+if __name__ == "__main__":
+    main()
