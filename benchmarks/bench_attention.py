@@ -1,6 +1,6 @@
 """FlashAttention forward against its anchors, same process, same inputs (ANCHORS.md).
 
-    python benchmarks/bench_attention.py [--quick] [--only fwd,memory]
+    python benchmarks/bench_attention.py [--quick] [--only fwd,memory,softmax]
 
 fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2048 / D) for fp16/bf16,
         D ∈ {64, 128, 256}, causal and not, S = 512 … 16384: flashext, its Triton twin, SDPA's
@@ -9,6 +9,7 @@ fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2
         on the last 256 query rows (which see every key) by the tolerance rule.
 memory  peak extra memory of one forward at B = H = 1, D = 128, fp16: flashext against SDPA's
         math backend (which materialises the S × S scores), S = 4096 … 65536.
+softmax online_softmax against torch.softmax, GB/s (one read, one write), rows of 4096 … 65536.
 Writes attention.json and attention.png to $OUT (or benchmarks/results).
 """
 
@@ -138,6 +139,25 @@ def section_memory(rows, quick: bool):
         torch.cuda.empty_cache()
 
 
+def section_softmax(rows, quick: bool):
+    """online_softmax against torch.softmax: GB/s counting one read and one write."""
+    for dname, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for cols in ([4096, 65536] if quick else [4096, 8192, 16384, 32768, 65536]):
+            x = (torch.randn(2**27 // cols, cols, device="cuda") * 4).to(dtype)
+            nbytes = 2 * x.numel() * x.element_size()
+            want, base = torch.softmax(x.double(), -1), torch.softmax(x, -1)
+            row = {"section": "softmax", "dtype": dname, "rows": x.shape[0], "cols": cols, "bytes": nbytes}
+            for name, fn in (("flashext", lambda: flashext.online_softmax(x)), ("torch", lambda: torch.softmax(x, -1))):
+                verdict = judge(name, fn(), want, base)
+                ms = bench_ms(fn)
+                row[name] = {"ms": ms, "gbps": nbytes / ms / 1e6, "valid": verdict.ok}
+            rows.append(row)
+            print(f"softmax {dname} {x.shape[0]}x{cols}: flashext {row['flashext']['gbps']:.0f} GB/s"
+                  f"{'' if row['flashext']['valid'] else ' (INVALID)'}, torch {row['torch']['gbps']:.0f} GB/s, "
+                  f"{row['torch']['ms'] / row['flashext']['ms']:.2f}x", flush=True)
+            del x, want, base
+
+
 def print_row(row):
     cells = []
     for name, cell in row.items():
@@ -204,7 +224,7 @@ def summarize(payload):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="D = 128, S in {1024, 16384}; memory up to 16K")
-    parser.add_argument("--only", default="fwd,memory")
+    parser.add_argument("--only", default="fwd,memory,softmax")
     parser.add_argument("--replot", metavar="JSON", help="redraw the PNG beside a results JSON and reprint its summary")
     args = parser.parse_args()
     if args.replot:
@@ -220,6 +240,8 @@ def main():
         section_fwd(payload["rows"], args.quick)
     if "memory" in sections:
         section_memory(payload["rows"], args.quick)
+    if "softmax" in sections:
+        section_softmax(payload["rows"], args.quick)
     path = write_json("attention.json", payload)
     if any(r["section"] == "fwd" for r in payload["rows"]):
         plot(payload, output_dir() / "attention.png")

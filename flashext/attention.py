@@ -29,8 +29,8 @@ def _warn_unvalidated() -> None:
     global _warned
     if not _VALIDATED_ON_GPU and not _warned:
         _warned = True
-        warnings.warn("flashext.flash_attention: the forward kernel (v0) has not been validated on a GPU yet; "
-                      "compare with flashext.reference.attention before relying on it", stacklevel=3)
+        warnings.warn("flashext.flash_attention: the forward kernel (v0) and online_softmax have not been "
+                      "validated on a GPU yet; compare with flashext.reference before relying on them", stacklevel=3)
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
@@ -113,7 +113,22 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     return out.transpose(1, 2)
 
 
+def online_softmax(x: Tensor) -> Tensor:
+    """softmax over the last dim in one pass over each row, keeping the running max and sum
+    (Milakov & Gimelshein, 2018) — the building block of FlashAttention as an op of its own.
+    fp32/fp16/bf16, fp32 math; rows of up to 32768 columns are read from HBM once. Same results
+    as torch.softmax(x, -1), a row of all −inf included (NaN). No backward yet."""
+    _warn_unvalidated()
+    return _ops.online_softmax(x)
+
+
 # ---- fake kernels ------------------------------------------------------------------------------
+
+
+@torch.library.register_fake("flashext::online_softmax")
+def _online_softmax_fake(x):
+    torch._check(x.dim() >= 1, lambda: "flashext.online_softmax: argument 'x' must have at least one dimension")
+    return x.new_empty(x.shape)
 
 
 @torch.library.register_fake("flashext::flash_attn_fwd")
@@ -141,5 +156,5 @@ def _no_backward(ctx, *grads):
                               "for training")
 
 
-for _op in ("flashext::flash_attn_fwd", "flashext::flash_attn_varlen_fwd"):
+for _op in ("flashext::flash_attn_fwd", "flashext::flash_attn_varlen_fwd", "flashext::online_softmax"):
     torch.library.register_autograd(_op, _no_backward, setup_context=lambda ctx, inputs, output: None)

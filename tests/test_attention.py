@@ -166,6 +166,31 @@ def test_memory_is_linear_in_sequence_length():
     del out
 
 
+# ---- online softmax --------------------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.parametrize("cols", [1, 7, 1000, 4096, 32768, 32769, 65536, 100003])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
+def test_online_softmax(dtype, cols):
+    x = (torch.randn(max(1, 2**21 // cols), cols, device="cuda") * 5).to(dtype)
+    x[0, : cols // 2] = float("-inf")  # masked entries
+    poison_cache(x)
+    got = flashext.online_softmax(x)
+    assert_close(f"online_softmax {cols}", got, torch.softmax(x.double(), -1), torch.softmax(x, -1))
+
+
+@requires_cuda
+def test_online_softmax_layouts_and_edge_rows():
+    x = torch.randn(64, 3000, device="cuda", dtype=torch.bfloat16)
+    assert_close("strided rows", flashext.online_softmax(x[:, :1000]), torch.softmax(x[:, :1000].double(), -1),
+                 torch.softmax(x[:, :1000], -1))
+    assert_close("transposed", flashext.online_softmax(x.t()), torch.softmax(x.t().double(), -1), torch.softmax(x.t(), -1))
+    y = torch.full((3, 17), float("-inf"), device="cuda")
+    assert torch.isnan(flashext.online_softmax(y)).all() and torch.isnan(torch.softmax(y, -1)).all()
+    assert flashext.online_softmax(torch.empty(0, 5, device="cuda")).shape == (0, 5)
+
+
 # ---- tracing, graphs, modes ----------------------------------------------------------------------
 
 
@@ -225,6 +250,11 @@ def test_sdpa_unsupported_arguments_are_refused():
         flashext.scaled_dot_product_attention(q, q[:, :1], q[:, :1])
 
 
+def test_online_softmax_refuses_cpu_and_integer_input():
+    with pytest.raises(RuntimeError, match=r"flashext.online_softmax: argument 'x' must be a CUDA tensor"):
+        flashext.online_softmax(torch.randn(4, 4))
+
+
 def test_fake_kernels_on_meta():
     q = torch.empty(2, 5, 6, 64, device="meta", dtype=torch.bfloat16)
     k = torch.empty(2, 9, 2, 64, device="meta", dtype=torch.bfloat16)
@@ -233,6 +263,7 @@ def test_fake_kernels_on_meta():
     cu = torch.empty(3, device="meta", dtype=torch.int32)
     out, lse = torch.ops.flashext.flash_attn_varlen_fwd(q[0], k[0], k[0], cu, cu, 5, 9)
     assert out.shape == (5, 6, 64) and lse.shape == (6, 5)
+    assert torch.ops.flashext.online_softmax(torch.empty(3, 7, device="meta")).shape == (3, 7)
 
 
 @requires_cuda

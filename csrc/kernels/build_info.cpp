@@ -19,7 +19,8 @@ const char* compiled_kernels() {
          "add_gelu_bwd\n"
          "bias_gelu_fwd\n"
          "bias_gelu_bwd\n"
-         "flash_fwd (C++ API only; not yet a torch op)\n";
+         "flash_fwd\n"
+         "online_softmax\n";
 }
 
 bool arch_supported(const char* arch_list, int major, int minor) {

@@ -162,9 +162,30 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   return {out, lse};
 }
 
+at::Tensor online_softmax(const at::Tensor& x) {
+  constexpr const char* fn = "flashext.online_softmax";
+  check_float_cuda_tensor(fn, x, "x");
+  FX_CHECK(x.dim() >= 1, fn, ": argument 'x' must have at least one dimension, got a scalar");
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  if (y.numel() == 0) return y;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const RowView view = row_view(x);
+  flashext::OnlineSoftmaxParams p;
+  p.x = view.tensor.data_ptr();
+  p.y = y.data_ptr();
+  p.rows = view.rows;
+  p.cols = view.cols;
+  p.x_row_stride = view.row_stride;
+  p.y_row_stride = view.cols;
+  p.dtype = to_kernel_dtype(x.scalar_type());
+  check_launch(fn, flashext::run_online_softmax(p, current_stream(x)));
+  return y;
+}
+
 void register_attention_impls(torch::Library& m) {
   m.impl("flash_attn_fwd", &flash_attn_fwd);
   m.impl("flash_attn_varlen_fwd", &flash_attn_varlen_fwd);
+  m.impl("online_softmax", &online_softmax);
 }
 
 }  // namespace

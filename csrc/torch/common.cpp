@@ -84,6 +84,26 @@ flashext::DType to_kernel_dtype(at::ScalarType type) {
   }
 }
 
+RowView row_view(const at::Tensor& x) {
+  const int64_t cols = x.size(-1);
+  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  int64_t row_stride = cols;
+  bool strided_ok = x.size(-1) <= 1 || x.stride(-1) == 1;
+  int64_t expected = -1;  // stride the next leading dim must have, once one is seen
+  for (int64_t d = x.dim() - 2; d >= 0 && strided_ok; --d) {
+    if (x.size(d) == 1) continue;
+    if (expected < 0) {
+      row_stride = x.stride(d);
+      strided_ok = row_stride >= cols;  // rows must not overlap
+    } else {
+      strided_ok = x.stride(d) == expected;
+    }
+    expected = x.stride(d) * x.size(d);
+  }
+  if (strided_ok) return {x, rows, cols, row_stride};
+  return {x.contiguous(), rows, cols, cols};
+}
+
 cudaStream_t current_stream(const at::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
 }

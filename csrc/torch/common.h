@@ -64,6 +64,15 @@ void check_out_tensor(const char* fn, const at::Tensor& out, const at::Tensor& l
 
 flashext::DType to_kernel_dtype(at::ScalarType type);
 
+// x as rows × cols (cols = last dim) with a row stride, without a copy when its layout allows:
+// last dim contiguous and the leading dims collapsible into one stride (e.g. a column slice of
+// a wider matrix); otherwise a contiguous copy.
+struct RowView {
+  at::Tensor tensor;  // x itself, or a contiguous copy
+  int64_t rows, cols, row_stride;
+};
+RowView row_view(const at::Tensor& x);
+
 // The stream PyTorch is using on t's device (what graph capture records).
 cudaStream_t current_stream(const at::Tensor& t);
 

@@ -104,33 +104,6 @@ void check_bias_gelu_inputs(const char* fn, const at::Tensor& x, const at::Tenso
   }
 }
 
-// x as rows × cols with a row stride, without a copy when its layout allows: last dim
-// contiguous and the leading dims collapsible into one (e.g. a column slice of a wider matrix).
-struct RowView {
-  at::Tensor tensor;  // x itself, or a contiguous copy
-  int64_t rows, cols, row_stride;
-};
-
-RowView row_view(const at::Tensor& x) {
-  const int64_t cols = x.size(-1);
-  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
-  int64_t row_stride = cols;
-  bool strided_ok = x.size(-1) <= 1 || x.stride(-1) == 1;
-  int64_t expected = -1;  // stride the next leading dim must have, once one is seen
-  for (int64_t d = x.dim() - 2; d >= 0 && strided_ok; --d) {
-    if (x.size(d) == 1) continue;
-    if (expected < 0) {
-      row_stride = x.stride(d);
-      strided_ok = row_stride >= cols;  // rows must not overlap
-    } else {
-      strided_ok = x.stride(d) == expected;
-    }
-    expected = x.stride(d) * x.size(d);
-  }
-  if (strided_ok) return {x, rows, cols, row_stride};
-  return {x.contiguous(), rows, cols, cols};
-}
-
 void launch_bias_gelu(const at::Tensor& x, const at::Tensor& bias, const std::string& approximate,
                       at::Tensor& out) {
   const auto approx = parse_approximate(kBiasGelu, approximate);
