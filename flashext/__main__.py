@@ -1,7 +1,7 @@
 """python -m flashext: check every kernel against the reference on fresh random data, then time it.
 
-With a GPU: the CUDA kernels (forward and backward, each dtype, both GeLU forms) and their Triton
-twins are judged by flashext.testing's rule, and a short table compares their speed with eager
+With a GPU: the CUDA kernels (GeLU forward and backward, each dtype, both forms; attention
+forward, output and lse, causal and not) and their Triton twins are judged by flashext.testing's rule, and a short table compares their speed with eager
 PyTorch and a device-to-device copy. Without one: says so, runs the Triton twins under the
 interpreter on the CPU against the reference, and exits 0. Exits 1 when any check fails.
 """
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import torch
 
 
-def _cases(device: str, n: int, shape: tuple[int, int]):
+def _cases(device: str, n: int, shape: tuple[int, int], attn_shape: tuple[int, int, int, int, int]):
     """(name, run, reference, pytorch-in-dtype baseline, factor) for every op, dtype and form."""
     import torch.nn.functional as F
 
@@ -41,6 +42,20 @@ def _cases(device: str, n: int, shape: tuple[int, int]):
             yield (f"bias_gelu dx  bwd {tag}", ("bias_bwd_x", gb, xb, b, approx), want_gx, base_bwd, GRADIENT_FACTOR)
             yield (f"bias_gelu db  bwd {tag}", ("bias_bwd_b", gb, xb, b, approx), want_gb,
                    base_bwd.sum(0), GRADIENT_FACTOR)
+        if dtype == torch.float32:
+            continue
+        batch, seqlen, heads, heads_kv, head_dim = attn_shape
+        q = torch.randn(batch, seqlen, heads, head_dim, device=device).to(dtype)
+        k = torch.randn(batch, seqlen + 13, heads_kv, head_dim, device=device).to(dtype)
+        v = torch.randn(batch, seqlen + 13, heads_kv, head_dim, device=device).to(dtype)
+        tag = f"{str(dtype).removeprefix('torch.'):8s}"
+        for causal in (False, True):
+            want, want_lse = ref.attention(q, k, v, causal=causal, return_lse=True)
+            base, base_lse = ref.attention(q, k, v, causal=causal, return_lse=True, compute_dtype=dtype)
+            mode = "causal" if causal else "full"
+            yield (f"attention out {mode:6s} {tag}", ("attn_out", q, k, v, causal), want, base, FORWARD_FACTOR)
+            yield (f"attention lse {mode:6s} {tag}", ("attn_lse", q, k, v, causal), want_lse, base_lse.float(),
+                   FORWARD_FACTOR)
 
 
 def _run(impl, call):
@@ -51,16 +66,20 @@ def _run(impl, call):
         return impl["add_bwd"](*args)
     if kind == "bias":
         return impl["bias"](*args)
+    if kind in ("attn_out", "attn_lse"):
+        q, k, v, causal = args
+        out, lse = impl["attn"](q, k, v, causal)
+        return out if kind == "attn_out" else lse
     grad_x, grad_b = impl["bias_bwd"](*args)
     return grad_x if kind == "bias_bwd_x" else grad_b
 
 
-def _check(impls: dict, device: str, n: int, shape) -> bool:
+def _check(impls: dict, device: str, n: int, shape, attn_shape) -> bool:
     from flashext.testing import judge
 
     all_ok = True
     print(f"{'kernel':34s} " + "  ".join(f"{name:>24s}" for name in impls))
-    for name, call, want, base, factor in _cases(device, n, shape):
+    for name, call, want, base, factor in _cases(device, n, shape, attn_shape):
         cells = []
         for impl in impls.values():
             verdict = judge(name, _run(impl, call), want, base, factor)
@@ -95,6 +114,7 @@ def _speed_table() -> None:
 def main() -> int:
     import flashext
 
+    warnings.filterwarnings("ignore", message="flashext.flash_attention: the forward kernel")
     info = flashext.build_info()
     print(f"flashext {flashext.__version__}: " + ", ".join(f"{k}={v}" for k, v in info.items() if k != "version"))
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # fresh data every run
@@ -104,9 +124,13 @@ def main() -> int:
               "in interpreter mode (TRITON_INTERPRET=1) on the CPU instead.\n")
         from flashext.triton_ref import gelu as twin
 
-        impls = {"triton twin (interpreter)": {"add": twin.add_gelu, "add_bwd": twin.add_gelu_backward,
-                                               "bias": twin.bias_gelu, "bias_bwd": twin.bias_gelu_backward}}
-        ok = _check(impls, "cpu", 4099, (37, 264))
+        from flashext.triton_ref import attention as twin_attention
+
+        impls = {"triton twin (interpreter)": {
+            "add": twin.add_gelu, "add_bwd": twin.add_gelu_backward, "bias": twin.bias_gelu,
+            "bias_bwd": twin.bias_gelu_backward,
+            "attn": lambda q, k, v, causal: twin_attention.flash_attention(q, k, v, causal=causal, block_m=16, block_n=16)}}
+        ok = _check(impls, "cpu", 4099, (37, 264), (1, 40, 4, 2, 64))
         print("\nall checks passed" if ok else "\nSOME CHECKS FAILED")
         return 0 if ok else 1
 
@@ -114,16 +138,19 @@ def main() -> int:
         print(f"This build ({info.get('cuda_archs')}) has no kernels for {info.get('device')} "
               f"(compute capability {info.get('device_capability')}); rebuild with FLASHEXT_CUDA_ARCHS.")
         return 1
+    from flashext.triton_ref import attention as twin_attention
     from flashext.triton_ref import gelu as twin
 
     ops = torch.ops.flashext
     impls = {
         "flashext CUDA": {"add": ops.add_gelu, "add_bwd": ops.add_gelu_backward, "bias": ops.bias_gelu,
-                          "bias_bwd": ops.bias_gelu_backward},
+                          "bias_bwd": ops.bias_gelu_backward,
+                          "attn": lambda q, k, v, causal: flashext.flash_attention(q, k, v, causal=causal, return_lse=True)},
         "triton twin": {"add": twin.add_gelu, "add_bwd": twin.add_gelu_backward, "bias": twin.bias_gelu,
-                        "bias_bwd": twin.bias_gelu_backward},
+                        "bias_bwd": twin.bias_gelu_backward,
+                        "attn": lambda q, k, v, causal: twin_attention.flash_attention(q, k, v, causal=causal)},
     }
-    ok = _check(impls, "cuda", 2**20 + 3, (1027, 1024))
+    ok = _check(impls, "cuda", 2**20 + 3, (1027, 1024), (2, 300, 6, 2, 128))
     _speed_table()
     print("\nall checks passed" if ok else "\nSOME CHECKS FAILED")
     return 0 if ok else 1
