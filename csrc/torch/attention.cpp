@@ -27,6 +27,16 @@ bool rows_aligned16(const at::Tensor& t) {
   return true;
 }
 
+// q, k, v read in place when every row start is 16-byte aligned, else from contiguous copies.
+struct AlignedQKV {
+  at::Tensor q, k, v;
+};
+
+AlignedQKV aligned_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return {rows_aligned16(q) ? q : q.contiguous(), rows_aligned16(k) ? k : k.contiguous(),
+          rows_aligned16(v) ? v : v.contiguous()};
+}
+
 // q, k, v: same device and dtype (fp16/bf16), last dim contiguous, head dims equal, a multiple of
 // 8 up to 256, H % Hkv == 0. `rank` is 4 (dense) or 3 (varlen). Returns (H, Hkv, D).
 std::tuple<int64_t, int64_t, int64_t> check_qkv(const char* fn, const at::Tensor& q, const at::Tensor& k,
@@ -95,9 +105,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const 
   at::Tensor lse = at::empty({batch, heads, seqlen_q}, q_in.options().dtype(at::kFloat));
   if (out.numel() == 0) return {out, lse};
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const at::Tensor q = rows_aligned16(q_in) ? q_in : q_in.contiguous();
-  const at::Tensor k = rows_aligned16(k_in) ? k_in : k_in.contiguous();
-  const at::Tensor v = rows_aligned16(v_in) ? v_in : v_in.contiguous();
+  const auto [q, k, v] = aligned_rows(q_in, k_in, v_in);
   flashext::FlashFwdParams p = base_params(q, k, v, out, lse, heads, heads_kv, head_dim, causal, softmax_scale,
                                            window_left, window_right, softcap);
   p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
@@ -139,9 +147,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   at::Tensor lse = at::empty({heads, total_q}, q_in.options().dtype(at::kFloat));
   if (out.numel() == 0 || batch == 0) return {out, lse};
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const at::Tensor q = rows_aligned16(q_in) ? q_in : q_in.contiguous();
-  const at::Tensor k = rows_aligned16(k_in) ? k_in : k_in.contiguous();
-  const at::Tensor v = rows_aligned16(v_in) ? v_in : v_in.contiguous();
+  const auto [q, k, v] = aligned_rows(q_in, k_in, v_in);
   flashext::FlashFwdParams p = base_params(q, k, v, out, lse, heads, heads_kv, head_dim, causal, softmax_scale,
                                            window_left, window_right, softcap);
   p.q_row_stride = q.stride(0), p.q_head_stride = q.stride(1);
