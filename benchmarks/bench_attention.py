@@ -15,8 +15,6 @@ Writes attention.json and attention.png to $OUT (or benchmarks/results).
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -27,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashext  # noqa: E402
-from benchmarks.common import bench_ms, output_dir, run_metadata, write_json  # noqa: E402
+from benchmarks.common import bench_ms, output_dir, parse_args, run_metadata, write_json  # noqa: E402
 from flashext import reference as ref  # noqa: E402
 from flashext.testing import judge  # noqa: E402
 from flashext.triton_ref import attention as twin  # noqa: E402
@@ -222,15 +220,8 @@ def summarize(payload):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="D = 128, S in {1024, 16384}; memory up to 16K")
-    parser.add_argument("--only", default="fwd,memory,softmax")
-    parser.add_argument("--replot", metavar="JSON", help="redraw the PNG beside a results JSON and reprint its summary")
-    args = parser.parse_args()
-    if args.replot:
-        payload = json.loads(Path(args.replot).read_text())
-        plot(payload, Path(args.replot).with_suffix(".png"))
-        summarize(payload)
+    args = parse_args(__doc__, "fwd,memory,softmax", "D = 128, S in {1024, 16384}; memory up to 16K", plot, summarize)
+    if args is None:
         return
     torch.manual_seed(0)
     payload = {"meta": run_metadata(), "rows": []}

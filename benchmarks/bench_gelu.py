@@ -18,8 +18,6 @@ number of bytes as the op; "ceiling" a 2 GiB copy, measured once. Writes gelu.js
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -30,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashext  # noqa: E402
 from benchmarks import seed_triton  # noqa: E402
-from benchmarks.common import bench_ms, copy_gbps, output_dir, run_metadata, write_json  # noqa: E402
+from benchmarks.common import bench_ms, copy_gbps, output_dir, parse_args, run_metadata, write_json  # noqa: E402
 from flashext import reference as ref  # noqa: E402
 from flashext.testing import GRADIENT_FACTOR, judge  # noqa: E402
 from flashext.triton_ref import gelu as twin  # noqa: E402
@@ -238,15 +236,8 @@ def plot(payload, path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="sizes 2^20 and 2^24 only")
-    parser.add_argument("--only", default="add,add_bwd,bias,bias_bwd,graph")
-    parser.add_argument("--replot", metavar="JSON", help="redraw the PNG beside a results JSON and reprint its summary")
-    args = parser.parse_args()
-    if args.replot:
-        payload = json.loads(Path(args.replot).read_text())
-        plot(payload, Path(args.replot).with_suffix(".png"))
-        summarize(payload)
+    args = parse_args(__doc__, "add,add_bwd,bias,bias_bwd,graph", "sizes 2^20 and 2^24 only", plot, summarize)
+    if args is None:
         return
     sections = set(args.only.split(","))
     sizes = [2**20, 2**24] if args.quick else [2**k for k in range(16, 29, 2)]

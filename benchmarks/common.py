@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -70,3 +71,19 @@ def write_json(name: str, payload: dict) -> Path:
     path = output_dir() / name
     path.write_text(json.dumps(payload, indent=1))
     return path
+
+
+def parse_args(description: str, default_sections: str, quick_help: str, plot, summarize):
+    """The benchmarks' command line: --quick, --only SECTIONS, --replot JSON. With --replot the
+    PNG beside the JSON is redrawn with `plot`, its summary reprinted, and None returned."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--only", default=default_sections)
+    parser.add_argument("--replot", metavar="JSON", help="redraw the PNG beside a results JSON and reprint its summary")
+    args = parser.parse_args()
+    if args.replot:
+        payload = json.loads(Path(args.replot).read_text())
+        plot(payload, Path(args.replot).with_suffix(".png"))
+        summarize(payload)
+        return None
+    return args

@@ -118,14 +118,12 @@ def main() -> int:
     info = flashext.build_info()
     print(f"flashext {flashext.__version__}: " + ", ".join(f"{k}={v}" for k, v in info.items() if k != "version"))
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # fresh data every run
+    from flashext.triton_ref import attention as twin_attention
+    from flashext.triton_ref import gelu as twin
 
     if not torch.cuda.is_available():
         print("No CUDA device is visible: the CUDA kernels cannot run here. Checking the Triton twins "
               "in interpreter mode (TRITON_INTERPRET=1) on the CPU instead.\n")
-        from flashext.triton_ref import gelu as twin
-
-        from flashext.triton_ref import attention as twin_attention
-
         impls = {"triton twin (interpreter)": {
             "add": twin.add_gelu, "add_bwd": twin.add_gelu_backward, "bias": twin.bias_gelu,
             "bias_bwd": twin.bias_gelu_backward,
@@ -138,9 +136,6 @@ def main() -> int:
         print(f"This build ({info.get('cuda_archs')}) has no kernels for {info.get('device')} "
               f"(compute capability {info.get('device_capability')}); rebuild with FLASHEXT_CUDA_ARCHS.")
         return 1
-    from flashext.triton_ref import attention as twin_attention
-    from flashext.triton_ref import gelu as twin
-
     ops = torch.ops.flashext
     impls = {
         "flashext CUDA": {"add": ops.add_gelu, "add_bwd": ops.add_gelu_backward, "bias": ops.bias_gelu,

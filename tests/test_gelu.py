@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import flashext
 from flashext import reference as ref
 from flashext.testing import GRADIENT_FACTOR, assert_close, poison_cache
-from tests.conftest import HAS_CUDA, requires_cuda
+from tests.conftest import requires_cuda
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["float32", "float16", "bfloat16"]

@@ -1,6 +1,8 @@
 // flashext: small portability macros shared by host and device code.
 #pragma once
 
+#include <cstdint>
+
 #if defined(__CUDACC__)
 #define FX_HOST_DEVICE __host__ __device__ __forceinline__
 #define FX_DEVICE __device__ __forceinline__
@@ -15,3 +17,12 @@
     const cudaError_t fx_err_ = (expr);   \
     if (fx_err_ != cudaSuccess) return fx_err_; \
   } while (0)
+
+namespace flashext {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// 16-byte aligned: the address a 128-bit load, store or cp.async needs.
+inline bool is_aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+}  // namespace flashext

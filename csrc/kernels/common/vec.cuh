@@ -46,8 +46,4 @@ FX_DEVICE void store_pack(T* ptr, int64_t index, const Pack<T, N>& value) {
 template <typename T>
 constexpr int kVec16 = 16 / sizeof(T);
 
-inline bool is_aligned16(const void* ptr) {
-  return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0;
-}
-
 }  // namespace flashext

@@ -30,7 +30,6 @@
 
 #include <algorithm>
 
-#include "../common/device.h"
 #include "../common/gelu_math.h"
 #include "../common/macros.h"
 #include "../common/vec.cuh"
@@ -220,8 +219,6 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 }
 
 // ---- launch helpers -----------------------------------------------------------------------
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <typename T, bool kBackward>
 cudaError_t launch_add_gelu(const FlatArgs& args, cudaStream_t stream) {

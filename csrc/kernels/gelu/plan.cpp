@@ -3,14 +3,13 @@
 #include <cstdint>
 
 #include "../common/device.h"
+#include "../common/macros.h"
 #include "flashext/gelu.h"
 
 namespace flashext {
 
 namespace {
 constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 }  // namespace
 
 RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_groups) {
@@ -31,7 +30,7 @@ int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int
   const int vec = 16 / dtype_size(dtype);
   if (cols % vec != 0 || x_row_stride % vec != 0) return 1;
   for (int i = 0; i < num_ptrs; ++i) {
-    if (ptrs[i] != nullptr && !aligned16(ptrs[i])) return 1;
+    if (ptrs[i] != nullptr && !is_aligned16(ptrs[i])) return 1;
   }
   return vec;
 }
