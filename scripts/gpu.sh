@@ -3,6 +3,7 @@
 #
 #   scripts/gpu.sh [STEP ...]       STEP: build main pytest ctest sanitize bench bench_attention
 #                                   (default: all but bench_attention, which takes minutes)
+#   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
 #
 # Logs go to $OUT/gpu.log (or ./gpu_out when OUT is unset), benchmark JSON and plots to $OUT;
@@ -44,7 +45,7 @@ cpp_build() {
   cmake -S tests/cpp -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" >/dev/null && cmake --build build/cpp -j "$MAX_JOBS"
 }
-ctest_run() { cpp_build && ctest --test-dir build/cpp --output-on-failure; }
+ctest_run() { cpp_build && ctest --test-dir build/cpp --output-on-failure --timeout 120; }
 sanitize() {
   cpp_build || return 1
   for binary in test_gelu test_attention; do
@@ -62,7 +63,7 @@ for step in "${steps[@]}"; do
   case $step in
     build) run_step build build || break ;;  # nothing else can run without the extension
     main) run_step "python -m flashext" $PY -m flashext ;;
-    pytest) run_step pytest $PY -m pytest -q -p no:cacheprovider tests ${FLASHEXT_PYTEST_ARGS:-} ;;
+    pytest) run_step pytest $PY -m pytest -q -p no:cacheprovider ${FLASHEXT_PYTEST_PATHS:-tests} ${FLASHEXT_PYTEST_ARGS:-} ;;
     ctest) run_step ctest ctest_run ;;
     sanitize) run_step compute-sanitizer sanitize ;;
     bench) run_step bench_gelu $PY benchmarks/bench_gelu.py ${BENCH_ARGS:-} ;;
