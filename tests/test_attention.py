@@ -289,7 +289,7 @@ def test_bad_input():
     fnv = r"flashext.flash_attention_varlen: "
     with pytest.raises(RuntimeError, match=fnv + r"argument 'cu_seqlens_q' must be int32"):
         flashext.flash_attention_varlen(q[0], k[0], v[0], cu.long(), cu, 16, 16, validate=False)
-    with pytest.raises(RuntimeError, match=fnv + r"must have the same length"):
+    with pytest.raises(RuntimeError, match=fnv + r"arguments 'cu_seqlens_q' and 'cu_seqlens_k' must have the same length \(batch \+ 1\), got 2 and 3"):
         flashext.flash_attention_varlen(q[0], k[0], v[0], cu, torch.tensor([0, 8, 16], dtype=torch.int32, device="cuda"),
                                         16, 16, validate=False)
     with pytest.raises(RuntimeError, match=fnv + r"argument 'cu_seqlens_k' must be on the device of 'q'"):

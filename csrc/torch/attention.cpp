@@ -139,7 +139,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
              "' must be a contiguous 1-D tensor of batch + 1 offsets, got shape ", cu.sizes());
   }
   FX_CHECK(cu_seqlens_k.size(0) == cu_seqlens_q.size(0), kFlashVarlen,
-           ": 'cu_seqlens_q' and 'cu_seqlens_k' must have the same length (batch + 1), got ", cu_seqlens_q.size(0),
+           ": arguments 'cu_seqlens_q' and 'cu_seqlens_k' must have the same length (batch + 1), got ", cu_seqlens_q.size(0),
            " and ", cu_seqlens_k.size(0));
   FX_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, kFlashVarlen, ": max_seqlen_q and max_seqlen_k must be >= 0");
   const int64_t batch = cu_seqlens_q.size(0) - 1, total_q = q_in.size(0);

@@ -5,13 +5,15 @@
 //   S = Q Kᵀ · scale · log2 e          (or softcap · tanh(Q Kᵀ · scale / softcap) · log2 e)
 //   online softmax over the key blocks: row_max m, row_sum l, acc_o rescaled by 2^(m_old − m_new)
 //   O = acc_o / l,  lse = (m + log2 l) · ln 2
-// Grid: (ceil(Sq / kBlockM), H, B). Block: kNWarps warps; warp w owns query rows
-// [16w, 16w + 16) of the block: one m16 row tile, so row statistics live in one warp (each thread
-// holds rows g and g + 8 of its tile, g = lane / 4; a row's 4 owners are one lane quad).
+// Grid: (ceil(Sq / kBlockM), H, B), the last query block first. Block: kNWarps warps; warp w owns
+// kMTiles m16 row tiles of the block, so row statistics live in one warp (each thread holds rows
+// g and g + 8 of a tile, g = lane / 4; a row's 4 owners are one lane quad).
 // Shared memory (dynamic): Q kBlockM × kHeadDim, K and V 2 × kBlockN × kHeadDim each (double
-// buffered with cp.async), all 16-bit: 40 KiB at D = 64, 80 KiB at 128, 96 KiB at 256.
+// buffered with cp.async), all 16-bit: 48 KiB at D = 64, 96 KiB at 128, 128 KiB at 256.
 // Rows are stored with a 16-byte-chunk XOR swizzle (chunk c of row r at c ^ (r % 8)), so the 8
 // row addresses of every ldmatrix hit 8 different bank groups.
+// Only key blocks that cross the sequence end, the causal diagonal or a window edge are masked;
+// soft-capping is a uniform branch. O leaves through shared memory in 16-byte row chunks.
 // Constraints: kHeadDim ∈ {64, 128, 256}; the actual head_dim ≤ kHeadDim, a multiple of 8 (the
 // rest of each row is zero-filled); 16-byte aligned rows.
 #pragma once
@@ -28,18 +30,24 @@
 namespace flashext {
 namespace attention_detail {
 
+// Tile shapes per compiled head dim. A warp owns kMTiles m16 row tiles (32 rows at D ≤ 128, as
+// FlashAttention-2 does: every K/V fragment read from shared memory feeds two mma), so a block
+// holds kBlockM = 16 · kMTiles · kNWarps query rows. D = 256 keeps one row tile per warp (the
+// accumulator alone is 128 registers) and uses 8 warps instead.
 template <int kHeadDim_>
 struct FlashFwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kNWarps = 4;
+  static constexpr int kNWarps = kHeadDim <= 128 ? 4 : 8;
+  static constexpr int kMTiles = kHeadDim <= 128 ? 2 : 1;
   static constexpr int kThreads = 32 * kNWarps;
-  static constexpr int kBlockM = 16 * kNWarps;
+  static constexpr int kBlockM = 16 * kMTiles * kNWarps;
   static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kTileQ = kBlockM * kHeadDim;  // elements
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kSmemBytes = (kTileQ + 4 * kTileKV) * 2;
   static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
+  static_assert(kThreads % kChunks == 0, "a thread copies one fixed chunk column");
 };
 
 // Element offset of (row, 16-byte chunk) in a swizzled tile of kHeadDim-wide rows.
@@ -48,30 +56,39 @@ FX_DEVICE int swizzled(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
 }
 
-// Copy rows [row0, row0 + kRows) of a (rows_left-row, head_dim-wide) global tile into a swizzled
-// shared tile with cp.async; rows past rows_left and columns past head_dim are zero-filled.
+// Copy rows [0, kRows) of a (rows_left-row, head_dim-wide) global tile into a swizzled shared tile
+// with cp.async; rows past rows_left and columns past head_dim are zero-filled. Thread t always
+// copies chunk t % kChunks of rows t / kChunks + i · (kThreads / kChunks).
 template <typename Config, int kRows, typename T>
 FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_left, int head_dim) {
-  constexpr int kChunks = Config::kChunks;
-  for (int id = threadIdx.x; id < kRows * kChunks; id += Config::kThreads) {
-    const int row = id / kChunks, chunk = id % kChunks;
-    const bool valid = row < rows_left && chunk * 8 < head_dim;
-    const T* src = valid ? gmem + row * row_stride + chunk * 8 : gmem;  // any valid address
-    ptx::cp_async_16(ptx::smem_addr(smem + swizzled<Config::kHeadDim>(row, chunk)), src, valid ? 16 : 0);
+  constexpr int kChunks = Config::kChunks, kRowStep = Config::kThreads / kChunks;
+  const int chunk = threadIdx.x % kChunks, row0 = threadIdx.x / kChunks;
+  const bool chunk_valid = chunk * 8 < head_dim;
+  const T* src = gmem + int64_t(row0) * row_stride + chunk * 8;
+  const uint32_t dst = ptx::smem_addr(smem + swizzled<Config::kHeadDim>(row0, chunk));
+#pragma unroll
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const int row = row0 + i * kRowStep;
+    const bool valid = chunk_valid && row < rows_left;
+    // row0 + i·kRowStep keeps row & 7 (kRowStep is a multiple of 8), so the swizzle is fixed.
+    ptx::cp_async_16(dst + i * kRowStep * Config::kHeadDim * 2, valid ? src : gmem, valid ? 16 : 0);
+    src += kRowStep * row_stride;
   }
 }
 
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const FlashFwdParams p) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
-  constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per warp
-  constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per warp
+  constexpr int kMTiles = Config::kMTiles;
+  constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per row tile
+  constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per row tile
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem_q = reinterpret_cast<T*>(smem_raw);
   T* smem_k = smem_q + Config::kTileQ;  // 2 buffers
   T* smem_v = smem_k + 2 * Config::kTileKV;  // 2 buffers
 
-  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  // The last query blocks first: under a causal mask they have the most key blocks to visit.
+  const int m_block = gridDim.x - 1 - blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (p.heads / p.heads_kv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad = lane % 4;
@@ -105,20 +122,29 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   // Key blocks that can be visible to rows [m_start, m_start + kBlockM). Query row i sits at key
   // column i + diag: bottom-right (diag = Sk − Sq) or top-left (diag = 0).
   const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;
+  const int m_last = m_start + kBlockM - 1;
   int n_lo = 0, n_hi = seqlen_k;
   if (p.window_left >= 0) n_lo = max(0, m_start + diag - p.window_left) / kBlockN * kBlockN;
-  if (p.window_right >= 0) n_hi = min(seqlen_k, m_start + kBlockM - 1 + diag + p.window_right + 1);
+  if (p.window_right >= 0) n_hi = min(seqlen_k, m_last + diag + p.window_right + 1);
   const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
 
   const bool softcap_on = p.softcap > 0.0f;
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  // Scores enter exp2 as fma(s, score_scale, −m): s is the raw Q Kᵀ (or the capped logit).
+  const float score_scale = softcap_on ? kLog2e : p.softmax_scale * kLog2e;
+  const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
 
-  // Per thread: rows r0 = 16·warp + group and r1 = r0 + 8 of the block.
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};  // this thread's partial sums; the quad adds them at the end
-  float acc_o[kDTiles][4];
+  // Row tile i of this warp covers block rows 16 · (kMTiles · warp + i) + [0, 16); this thread
+  // holds rows g and g + 8 of it (g = lane / 4), columns 2 · quad + {0, 1} of every n8 tile.
+  float row_max[kMTiles][2], row_sum[kMTiles][2];  // row_max in log2 units; row_sum: partial
+  float acc_o[kMTiles][kDTiles][4];
 #pragma unroll
-  for (int t = 0; t < kDTiles; ++t) acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.0f;
+  for (int i = 0; i < kMTiles; ++i) {
+    row_max[i][0] = row_max[i][1] = -INFINITY;
+    row_sum[i][0] = row_sum[i][1] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kDTiles; ++t) acc_o[i][t][0] = acc_o[i][t][1] = acc_o[i][t][2] = acc_o[i][t][3] = 0.0f;
+  }
+  const int warp_row0 = 16 * kMTiles * warp;
 
   if (num_n_blocks > 0) {
     load_tile<Config, kBlockM>(smem_q, q, p.q_row_stride, seqlen_q - m_start, p.head_dim);
@@ -126,6 +152,11 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     load_tile<Config, kBlockN>(smem_v, v + int64_t(n_lo) * p.v_row_stride, p.v_row_stride, seqlen_k - n_lo, p.head_dim);
   }
   ptx::cp_async_commit();
+
+  // ldmatrix row addresses that do not change between key blocks.
+  const int q_lane_row = lane % 16, q_lane_chunk = lane / 16;
+  const int k_lane_row = lane % 8 + (lane / 16) * 8, k_lane_chunk = (lane / 8) % 2;
+  const int v_lane_row = lane % 8 + ((lane / 8) % 2) * 8, v_lane_chunk = lane / 16;
 
   for (int it = 0; it < num_n_blocks; ++it) {
     const int n_start = n_lo + it * kBlockN;
@@ -142,104 +173,153 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     }
     ptx::cp_async_commit();
 
-    // S = Q Kᵀ for this warp's 16 rows × kBlockN columns.
-    float s[kNTiles][4];
+    // S = Q Kᵀ for this warp's kMTiles × 16 rows × kBlockN columns.
+    float s[kMTiles][kNTiles][4];
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t q_frag[4];
-      ptx::ldmatrix_x4(q_frag, ptx::smem_addr(smem_q + swizzled<kHeadDim>(16 * warp + lane % 16, 2 * kk + lane / 16)));
+      uint32_t q_frag[kMTiles][4];
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i) {
+        ptx::ldmatrix_x4(q_frag[i], ptx::smem_addr(smem_q + swizzled<kHeadDim>(warp_row0 + 16 * i + q_lane_row,
+                                                                               2 * kk + q_lane_chunk)));
+      }
 #pragma unroll
       for (int jp = 0; jp < kNTiles / 2; ++jp) {
         uint32_t k_frag[4];
-        const int k_row = 16 * jp + lane % 8 + (lane / 16) * 8;
-        ptx::ldmatrix_x4(k_frag, ptx::smem_addr(smem_k_cur + swizzled<kHeadDim>(k_row, 2 * kk + (lane / 8) % 2)));
-        ptx::mma_16816<T>(s[2 * jp], q_frag, k_frag[0], k_frag[1]);
-        ptx::mma_16816<T>(s[2 * jp + 1], q_frag, k_frag[2], k_frag[3]);
+        ptx::ldmatrix_x4(k_frag, ptx::smem_addr(smem_k_cur + swizzled<kHeadDim>(16 * jp + k_lane_row, 2 * kk + k_lane_chunk)));
+#pragma unroll
+        for (int i = 0; i < kMTiles; ++i) {
+          ptx::mma_16816<T>(s[i][2 * jp], q_frag[i], k_frag[0], k_frag[1]);
+          ptx::mma_16816<T>(s[i][2 * jp + 1], q_frag[i], k_frag[2], k_frag[3]);
+        }
       }
     }
 
-    // Scale (log2 units), soft-cap, mask: s[j][e] is row r0 (e < 2) or r1, column 8j + 2·quad + e % 2.
+    // Soft-cap (rare: a uniform branch), then the mask, only on blocks that cross a boundary.
+    if (softcap_on) {
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
+      for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = m_start + 16 * warp + group + (e / 2) * 8;
-        const int col = n_start + 8 * j + 2 * quad + e % 2;
-        float score = softcap_on ? p.softcap * tanhf(s[j][e] * (p.softmax_scale / p.softcap)) * kLog2e
-                                 : s[j][e] * scale_log2;
-        const bool visible = col < seqlen_k && (p.window_left < 0 || col >= row + diag - p.window_left) &&
-                             (p.window_right < 0 || col <= row + diag + p.window_right);
-        s[j][e] = visible ? score : -INFINITY;
+        for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[i][j][e] = p.softcap * tanhf(s[i][j][e] * cap_scale);
+    }
+    const bool full_block = n_start + kBlockN <= seqlen_k &&
+                            (p.window_right < 0 || n_start + kBlockN - 1 <= m_start + diag + p.window_right) &&
+                            (p.window_left < 0 || n_start >= m_last + diag - p.window_left);
+    if (!full_block) {
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = m_start + warp_row0 + 16 * i + group + (e / 2) * 8;
+            const int col = n_start + 8 * j + 2 * quad + e % 2;
+            const bool visible = col < seqlen_k && (p.window_left < 0 || col >= row + diag - p.window_left) &&
+                                 (p.window_right < 0 || col <= row + diag + p.window_right);
+            if (!visible) s[i][j][e] = -INFINITY;
+          }
+        }
       }
     }
 
-    // Online softmax: new row max over the tile (the row's 4 owners are one lane quad).
+    // Online softmax per row: new max (the row's 4 owners are one lane quad), P = 2^(s·c − m),
+    // rescale what was accumulated under the old max.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = -INFINITY;
+    for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
-      for (int j = 0; j < kNTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max);
-      const float alpha = rescale_factor(row_max[r], new_max);  // 2^(m_old − m_new), 0 if empty
-      const float base = safe_row_max(new_max);
-      float tile_sum = 0.0f;
+      for (int r = 0; r < 2; ++r) {
+        float tile_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
-        s[j][2 * r] = ptx::exp2_approx(s[j][2 * r] - base);  // P = 2^(S − m_new); −inf → 0
-        s[j][2 * r + 1] = ptx::exp2_approx(s[j][2 * r + 1] - base);
-        tile_sum += s[j][2 * r] + s[j][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha + tile_sum;
-      row_max[r] = new_max;
+        for (int j = 0; j < kNTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(row_max[i][r], tile_max * score_scale);
+        const float alpha = rescale_factor(row_max[i][r], new_max);  // 2^(m_old − m_new), 0 if empty
+        const float base = safe_row_max(new_max);
+        float tile_sum = 0.0f;
 #pragma unroll
-      for (int t = 0; t < kDTiles; ++t) {
-        acc_o[t][2 * r] *= alpha;
-        acc_o[t][2 * r + 1] *= alpha;
+        for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            s[i][j][e] = ptx::exp2_approx(fmaf(s[i][j][e], score_scale, -base));  // −inf → 0
+            tile_sum += s[i][j][e];
+          }
+        }
+        row_sum[i][r] = row_sum[i][r] * alpha + tile_sum;
+        row_max[i][r] = new_max;
+#pragma unroll
+        for (int t = 0; t < kDTiles; ++t) {
+          acc_o[i][t][2 * r] *= alpha;
+          acc_o[i][t][2 * r + 1] *= alpha;
+        }
       }
     }
 
     // O += P V: P's accumulator layout is already the A-fragment layout (two n8 tiles = one k16).
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t p_frag[4] = {ptx::pack2<T>(s[2 * kk][0], s[2 * kk][1]), ptx::pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                                  ptx::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  ptx::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t p_frag[kMTiles][4];
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i) {
+        p_frag[i][0] = ptx::pack2<T>(s[i][2 * kk][0], s[i][2 * kk][1]);
+        p_frag[i][1] = ptx::pack2<T>(s[i][2 * kk][2], s[i][2 * kk][3]);
+        p_frag[i][2] = ptx::pack2<T>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+        p_frag[i][3] = ptx::pack2<T>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int tp = 0; tp < kDTiles / 2; ++tp) {
         uint32_t v_frag[4];
-        const int v_row = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
-        ptx::ldmatrix_x4_trans(v_frag, ptx::smem_addr(smem_v_cur + swizzled<kHeadDim>(v_row, 2 * tp + lane / 16)));
-        ptx::mma_16816<T>(acc_o[2 * tp], p_frag, v_frag[0], v_frag[1]);
-        ptx::mma_16816<T>(acc_o[2 * tp + 1], p_frag, v_frag[2], v_frag[3]);
+        ptx::ldmatrix_x4_trans(v_frag, ptx::smem_addr(smem_v_cur + swizzled<kHeadDim>(16 * kk + v_lane_row, 2 * tp + v_lane_chunk)));
+#pragma unroll
+        for (int i = 0; i < kMTiles; ++i) {
+          ptx::mma_16816<T>(acc_o[i][2 * tp], p_frag[i], v_frag[0], v_frag[1]);
+          ptx::mma_16816<T>(acc_o[i][2 * tp + 1], p_frag[i], v_frag[2], v_frag[3]);
+        }
       }
     }
   }
 
-  // Epilogue: O = acc_o / l (0 for a row that saw no key), lse = (m + log2 l) · ln 2.
-  T* o = static_cast<T*>(p.o) + o_offset + head * p.o_head_stride;
+  // Epilogue: O = acc_o / l (0 for a row that saw no key), lse = (m + log2 l) · ln 2. O goes
+  // through shared memory (the Q tile's space; each warp reuses only its own rows) so that the
+  // global stores are whole 16-byte chunks of a row.
+  ptx::cp_async_wait<0>();
+  __syncwarp();
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float total = row_sum[r];
-    total += __shfl_xor_sync(0xffffffffu, total, 1);
-    total += __shfl_xor_sync(0xffffffffu, total, 2);
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    const int row = m_start + 16 * warp + group + 8 * r;
-    if (row < seqlen_q) {
+  for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float total = row_sum[i][r];
+      total += __shfl_xor_sync(0xffffffffu, total, 1);
+      total += __shfl_xor_sync(0xffffffffu, total, 2);
+      const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+      const int tile_row = warp_row0 + 16 * i + group + 8 * r;
 #pragma unroll
       for (int t = 0; t < kDTiles; ++t) {
-        const int col = 8 * t + 2 * quad;
-        if (col < p.head_dim) {
-          *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
-              ptx::pack2<T>(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);
-        }
+        *reinterpret_cast<uint32_t*>(smem_q + swizzled<kHeadDim>(tile_row, t) + 2 * quad) =
+            ptx::pack2<T>(acc_o[i][t][2 * r] * inv, acc_o[i][t][2 * r + 1] * inv);
       }
-      if (p.lse != nullptr && quad == 0) {
-        p.lse[lse_offset + int64_t(head) * p.lse_head_stride + row] = row_lse({row_max[r], total});
+      const int row = m_start + tile_row;
+      if (p.lse != nullptr && quad == 0 && row < seqlen_q) {
+        p.lse[lse_offset + int64_t(head) * p.lse_head_stride + row] = row_lse({row_max[i][r], total});
       }
+    }
+  }
+  __syncwarp();
+  T* o = static_cast<T*>(p.o) + o_offset + head * p.o_head_stride;
+  constexpr int kWarpRows = 16 * kMTiles, kChunks = Config::kChunks;
+#pragma unroll
+  for (int id = lane; id < kWarpRows * kChunks; id += 32) {
+    const int tile_row = warp_row0 + id / kChunks, chunk = id % kChunks;
+    const int row = m_start + tile_row;
+    if (row < seqlen_q && chunk * 8 < p.head_dim) {
+      const uint4 value = *reinterpret_cast<const uint4*>(smem_q + swizzled<kHeadDim>(tile_row, chunk));
+      *reinterpret_cast<uint4*>(o + int64_t(row) * p.o_row_stride + chunk * 8) = value;
     }
   }
 }
