@@ -116,8 +116,10 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 def online_softmax(x: Tensor) -> Tensor:
     """softmax over the last dim in one pass over each row, keeping the running max and sum
     (Milakov & Gimelshein, 2018) — the building block of FlashAttention as an op of its own.
-    fp32/fp16/bf16, fp32 math; rows of up to 32768 columns are read from HBM once. Same results
-    as torch.softmax(x, -1), a row of all −inf included (NaN). No backward yet."""
+    fp32/fp16/bf16, fp32 math. Rows with 16-byte aligned starts of up to 32768 (fp32) or 65536
+    (fp16/bf16) columns are read from HBM once; the part of a longer row past that is read twice,
+    and other layouts take a slower scalar path. Same results as torch.softmax(x, -1), a row of
+    all −inf included (NaN). No backward yet."""
     _warn_unvalidated()
     return _ops.online_softmax(x)
 

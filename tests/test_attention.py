@@ -170,7 +170,7 @@ def test_memory_is_linear_in_sequence_length():
 
 
 @requires_cuda
-@pytest.mark.parametrize("cols", [1, 7, 1000, 4096, 32768, 32769, 65536, 100003])
+@pytest.mark.parametrize("cols", [1, 7, 1000, 4096, 32768, 32769, 65536, 98304, 100003])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
 def test_online_softmax(dtype, cols):
     x = (torch.randn(max(1, 2**21 // cols), cols, device="cuda") * 5).to(dtype)
@@ -186,6 +186,13 @@ def test_online_softmax_layouts_and_edge_rows():
     assert_close("strided rows", flashext.online_softmax(x[:, :1000]), torch.softmax(x[:, :1000].double(), -1),
                  torch.softmax(x[:, :1000], -1))
     assert_close("transposed", flashext.online_softmax(x.t()), torch.softmax(x.t().double(), -1), torch.softmax(x.t(), -1))
+    # 16-byte aligned rows with a row stride (vector path), and an unaligned start (scalar path)
+    z = torch.randn(65, 4096, device="cuda", dtype=torch.float32)
+    assert_close("aligned strided rows", flashext.online_softmax(z[:, 8:]), torch.softmax(z[:, 8:].double(), -1),
+                 torch.softmax(z[:, 8:], -1))
+    shifted = z.flatten()[1 : 1 + 64 * 4096].view(64, 4096)
+    assert_close("unaligned start", flashext.online_softmax(shifted), torch.softmax(shifted.double(), -1),
+                 torch.softmax(shifted, -1))
     y = torch.full((3, 17), float("-inf"), device="cuda")
     assert torch.isnan(flashext.online_softmax(y)).all() and torch.isnan(torch.softmax(y, -1)).all()
     assert flashext.online_softmax(torch.empty(0, 5, device="cuda")).shape == (0, 5)

@@ -1,24 +1,32 @@
 // flashext online softmax: y = softmax(x) over each row, the running max/sum of FlashAttention
-// as an op of its own. Status: written with the attention kernel v0, awaiting its first GPU run.
+// as an op of its own.
 //
-// Grid: one block of kThreads threads per row (blockIdx.x strides over rows). Thread t owns
-// columns t, t + kThreads, … (coalesced across the warp). When cols ≤ kThreads · kPerThread
-// (32768) the row stays in registers: one HBM read and one write per element. Longer rows are
-// read twice (state, then output). Per thread: running (row_max, row_sum) in log2 units; warps
-// merge states with shuffles, then warp 0 merges the kThreads / 32 warp states from shared memory
-// (2 × 32 floats). Napkin math: 4 B (bf16: read + write) per element at 4.2 TB/s is ~1 ns per
-// 1000 elements; a 32768-column row's 32 loads per thread are all in flight before the first use.
+// Vector path (rows 16-byte aligned, cols a multiple of the 16-byte pack): one block per row
+// (blockIdx.x strides over rows), blockDim = the fewest warps that hold the row in kHeadPacks
+// 16-byte packs per thread (at most 1024 threads). Thread t owns packs t, t + blockDim, …; its
+// first kHeadPacks packs stay in registers, so rows up to 1024 · kHeadPacks packs (32768 fp32,
+// 65536 fp16/bf16 columns) are read once and written once. Packs past that (the row's tail) are
+// folded into the running state as they stream by and read again for the output (the re-read
+// mostly hits L2). Each thread keeps (row_max, row_sum) in log2 units over its own values; warps
+// merge with shuffles, then warp 0 merges the warp states from shared memory.
+// Scalar path (any other layout): 1024 threads per row, one element per access, two reads.
+// Napkin math: fp32 4096 columns is 32 KiB per row read + written; 128 threads × 8 packs of 16 B
+// put the whole row in flight at once.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <type_traits>
+
 #include "../common/online_softmax.h"
+#include "../common/ptx.cuh"
 #include "../common/vec.cuh"
 #include "flashext/attention.h"
 
 namespace flashext {
 namespace {
 
-constexpr int kThreads = 1024;
-constexpr int kPerThread = 32;
+constexpr int kMaxThreads = 1024;
+constexpr int kHeadPacks = 8;  // 16-byte packs per thread kept in registers
 
 FX_DEVICE SoftmaxState warp_merge(SoftmaxState s) {
 #pragma unroll
@@ -32,17 +40,18 @@ FX_DEVICE SoftmaxState warp_merge(SoftmaxState s) {
 
 // The row's (max, sum) in every thread: warp shuffles, then one pass through shared memory.
 FX_DEVICE SoftmaxState block_merge(SoftmaxState s) {
-  __shared__ float warp_max[kThreads / 32], warp_sum[kThreads / 32];
+  __shared__ float warp_max[kMaxThreads / 32], warp_sum[kMaxThreads / 32];
   __shared__ SoftmaxState row_state;
   s = warp_merge(s);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (warps == 1) return s;
   if (lane == 0) {
     warp_max[warp] = s.row_max;
     warp_sum[warp] = s.row_sum;
   }
   __syncthreads();  // every warp's state is in shared memory
   if (warp == 0) {
-    SoftmaxState t = lane < kThreads / 32 ? SoftmaxState{warp_max[lane], warp_sum[lane]} : SoftmaxState{-INFINITY, 0.0f};
+    SoftmaxState t = lane < warps ? SoftmaxState{warp_max[lane], warp_sum[lane]} : SoftmaxState{-INFINITY, 0.0f};
     t = warp_merge(t);
     if (lane == 0) row_state = t;
   }
@@ -52,50 +61,139 @@ FX_DEVICE SoftmaxState block_merge(SoftmaxState s) {
   return result;
 }
 
-// Add one score (log2 units) to a running state.
-FX_DEVICE SoftmaxState push(SoftmaxState s, float score) {
-  const float m = fmaxf(s.row_max, score);
-  return {m, s.row_sum * rescale_factor(s.row_max, m) + exp2f(score - safe_row_max(m))};
+// Fold n scores (log2 units) into a running state: one rescale per group, not per score.
+template <int N>
+FX_DEVICE SoftmaxState push(SoftmaxState s, const float (&score)[N]) {
+  float m = s.row_max;
+#pragma unroll
+  for (int i = 0; i < N; ++i) m = fmaxf(m, score[i]);
+  float sum = s.row_sum * rescale_factor(s.row_max, m);
+  const float base = safe_row_max(m);
+#pragma unroll
+  for (int i = 0; i < N; ++i) sum += ptx::exp2_approx(score[i] - base);
+  return {m, sum};
+}
+
+// Max of a pack's elements, as fp32. 16-bit packs compare pairs natively (the max of 16-bit
+// values is one of them, so this is exact), which keeps the compiler from holding all the
+// register-resident packs as fp32 between the max and the sum.
+template <typename T, int N>
+FX_DEVICE float pack_max(const Pack<T, N>& v) {
+  if constexpr (sizeof(T) == 2) {
+    using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+    const T2* pairs = reinterpret_cast<const T2*>(v.elem);
+    T2 m = pairs[0];
+#pragma unroll
+    for (int i = 1; i < N / 2; ++i) m = __hmax2(m, pairs[i]);
+    return fmaxf(to_float(m.x), to_float(m.y));
+  } else {
+    float m = to_float(v.elem[0]);
+#pragma unroll
+    for (int i = 1; i < N; ++i) m = fmaxf(m, to_float(v.elem[i]));
+    return m;
+  }
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) online_softmax_kernel(const OnlineSoftmaxParams p) {
+__global__ void __launch_bounds__(kMaxThreads) online_softmax_vec_kernel(const OnlineSoftmaxParams p) {
+  constexpr int kVec = kVec16<T>;
+  using P = Pack<T, kVec>;
+  const int64_t packs = p.cols / kVec;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const T* x = static_cast<const T*>(p.x) + row * p.x_row_stride;
+    T* y = static_cast<T*>(p.y) + row * p.y_row_stride;
+    P head[kHeadPacks];
+#pragma unroll
+    for (int i = 0; i < kHeadPacks; ++i) {
+      const int64_t pack = threadIdx.x + int64_t(i) * blockDim.x;
+      if (pack < packs) head[i] = load_pack<T, kVec>(x, pack);
+    }
+    // This thread's state: the register-held packs first (max, then one sum), then the tail.
+    float thread_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kHeadPacks; ++i) {
+      if (threadIdx.x + int64_t(i) * blockDim.x < packs) {
+        thread_max = fmaxf(thread_max, pack_max(head[i]));
+      }
+    }
+    const float head_base = safe_row_max(thread_max) * kLog2e;
+    float thread_sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kHeadPacks; ++i) {
+      if (threadIdx.x + int64_t(i) * blockDim.x < packs) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) thread_sum += ptx::exp2_approx(fmaf(to_float(head[i].elem[e]), kLog2e, -head_base));
+      }
+    }
+    SoftmaxState state{thread_max * kLog2e, thread_sum};
+    const int64_t tail_start = threadIdx.x + int64_t(kHeadPacks) * blockDim.x;
+    for (int64_t pack = tail_start; pack < packs; pack += blockDim.x) {
+      const P v = load_pack<T, kVec>(x, pack);
+      float score[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) score[e] = to_float(v.elem[e]) * kLog2e;
+      state = push(state, score);
+    }
+    state = block_merge(state);
+    const float inv = 1.0f / state.row_sum;  // 0 sum (all −inf) → inf · 0 = NaN, as torch
+    const float base = safe_row_max(state.row_max);
+#pragma unroll
+    for (int i = 0; i < kHeadPacks; ++i) {
+      const int64_t pack = threadIdx.x + int64_t(i) * blockDim.x;
+      if (pack < packs) {
+        P out;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          out.elem[e] = from_float<T>(ptx::exp2_approx(fmaf(to_float(head[i].elem[e]), kLog2e, -base)) * inv);
+        }
+        store_pack<T, kVec>(y, pack, out);
+      }
+    }
+    for (int64_t pack = tail_start; pack < packs; pack += blockDim.x) {
+      const P v = load_pack<T, kVec>(x, pack);
+      P out;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) out.elem[e] = from_float<T>(ptx::exp2_approx(fmaf(to_float(v.elem[e]), kLog2e, -base)) * inv);
+      store_pack<T, kVec>(y, pack, out);
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads) online_softmax_scalar_kernel(const OnlineSoftmaxParams p) {
   const T* x_all = static_cast<const T*>(p.x);
   T* y_all = static_cast<T*>(p.y);
-  const bool in_registers = p.cols <= int64_t(kThreads) * kPerThread;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* x = x_all + row * p.x_row_stride;
     T* y = y_all + row * p.y_row_stride;
     SoftmaxState state{-INFINITY, 0.0f};
-    if (in_registers) {
-      float v[kPerThread];  // scores in log2 units
-#pragma unroll
-      for (int i = 0; i < kPerThread; ++i) {
-        const int64_t col = int64_t(i) * kThreads + threadIdx.x;
-        v[i] = col < p.cols ? to_float(x[col]) * kLog2e : -INFINITY;
-      }
-      float thread_max = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kPerThread; ++i) thread_max = fmaxf(thread_max, v[i]);
-      float thread_sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kPerThread; ++i) thread_sum += exp2f(v[i] - safe_row_max(thread_max));
-      state = block_merge({thread_max, thread_sum});
-      const float inv = 1.0f / state.row_sum;  // 0 sum (all −inf) → inf · 0 = NaN, as torch
-#pragma unroll
-      for (int i = 0; i < kPerThread; ++i) {
-        const int64_t col = int64_t(i) * kThreads + threadIdx.x;
-        if (col < p.cols) y[col] = from_float<T>(exp2f(v[i] - safe_row_max(state.row_max)) * inv);
-      }
-    } else {
-      for (int64_t col = threadIdx.x; col < p.cols; col += kThreads) state = push(state, to_float(x[col]) * kLog2e);
-      state = block_merge(state);
-      const float inv = 1.0f / state.row_sum;
-      for (int64_t col = threadIdx.x; col < p.cols; col += kThreads) {
-        y[col] = from_float<T>(exp2f(to_float(x[col]) * kLog2e - safe_row_max(state.row_max)) * inv);
-      }
+    for (int64_t col = threadIdx.x; col < p.cols; col += blockDim.x) {
+      const float score[1] = {to_float(x[col]) * kLog2e};
+      state = push(state, score);
+    }
+    state = block_merge(state);
+    const float inv = 1.0f / state.row_sum;
+    const float base = safe_row_max(state.row_max);
+    for (int64_t col = threadIdx.x; col < p.cols; col += blockDim.x) {
+      y[col] = from_float<T>(ptx::exp2_approx(fmaf(to_float(x[col]), kLog2e, -base)) * inv);
     }
   }
+}
+
+template <typename T>
+cudaError_t launch_online_softmax(const OnlineSoftmaxParams& p, cudaStream_t stream) {
+  constexpr int kVec = kVec16<T>;
+  const dim3 grid(unsigned(p.rows < 2147483647 ? p.rows : 2147483647));
+  const bool vec = p.cols % kVec == 0 && p.x_row_stride % kVec == 0 && p.y_row_stride % kVec == 0 &&
+                   is_aligned16(p.x) && is_aligned16(p.y);
+  if (!vec) {
+    online_softmax_scalar_kernel<T><<<grid, kMaxThreads, 0, stream>>>(p);
+  } else {
+    const int64_t packs = p.cols / kVec;
+    const int64_t warps = std::min<int64_t>(ceil_div(packs, 32 * kHeadPacks), kMaxThreads / 32);
+    online_softmax_vec_kernel<T><<<grid, unsigned(32 * warps), 0, stream>>>(p);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -103,13 +201,12 @@ __global__ void __launch_bounds__(kThreads) online_softmax_kernel(const OnlineSo
 cudaError_t run_online_softmax(const OnlineSoftmaxParams& p, cudaStream_t stream) {
   if (p.rows < 0 || p.cols < 0) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
-  const dim3 grid(unsigned(p.rows < 2147483647 ? p.rows : 2147483647));
   switch (p.dtype) {
-    case DType::kFloat32: online_softmax_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
-    case DType::kFloat16: online_softmax_kernel<__half><<<grid, kThreads, 0, stream>>>(p); break;
-    case DType::kBFloat16: online_softmax_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p); break;
+    case DType::kFloat32: return launch_online_softmax<float>(p, stream);
+    case DType::kFloat16: return launch_online_softmax<__half>(p, stream);
+    case DType::kBFloat16: return launch_online_softmax<__nv_bfloat16>(p, stream);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace flashext
