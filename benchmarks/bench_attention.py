@@ -15,6 +15,7 @@ Writes attention.json and attention.png to $OUT (or benchmarks/results).
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -75,10 +76,18 @@ def implementations(dname: str, head_dim: int):
 def section_fwd(rows, quick: bool):
     seqlens = [1024, 16384] if quick else [512, 1024, 2048, 4096, 8192, 16384]
     head_dims = [128] if quick else [64, 128, 256]
+    # Tuning runs narrow the grid: FLASHEXT_BENCH_SEQLENS=1024,16384 FLASHEXT_BENCH_HEAD_DIMS=64
+    # FLASHEXT_BENCH_DTYPES=bf16 FLASHEXT_BENCH_IMPLS=flashext,sdpa_flash
+    env = lambda name, default: [x for x in os.environ.get(name, "").split(",") if x] or default
+    seqlens = [int(x) for x in env("FLASHEXT_BENCH_SEQLENS", seqlens)]
+    head_dims = [int(x) for x in env("FLASHEXT_BENCH_HEAD_DIMS", head_dims)]
     for dname, dtype in DTYPES.items():
+        if dname not in env("FLASHEXT_BENCH_DTYPES", list(DTYPES)):
+            continue
         for head_dim in head_dims:
             heads = 2048 // head_dim
             impls = implementations(dname, head_dim)
+            impls = {name: impl for name, impl in impls.items() if name in env("FLASHEXT_BENCH_IMPLS", list(impls))}
             for causal in (False, True):
                 for seqlen in seqlens:
                     batch = 16384 // seqlen

@@ -9,7 +9,7 @@
 // kMTiles m16 row tiles of the block, so row statistics live in one warp (each thread holds rows
 // g and g + 8 of a tile, g = lane / 4; a row's 4 owners are one lane quad).
 // Shared memory (dynamic): Q kBlockM × kHeadDim, K and V 2 × kBlockN × kHeadDim each (double
-// buffered with cp.async), all 16-bit: 48 KiB at D = 64, 96 KiB at 128, 128 KiB at 256.
+// buffered with cp.async), all 16-bit: 80 KiB at D = 64, 96 KiB at 128, 192 KiB at 256.
 // Rows are stored with a 16-byte-chunk XOR swizzle (chunk c of row r at c ^ (r % 8)), so the 8
 // row addresses of every ldmatrix hit 8 different bank groups.
 // Only key blocks that cross the sequence end, the causal diagonal or a window edge are masked;
@@ -41,7 +41,7 @@ struct FlashFwdConfig {
   static constexpr int kMTiles = kHeadDim <= 128 ? 2 : 1;
   static constexpr int kThreads = 32 * kNWarps;
   static constexpr int kBlockM = 16 * kMTiles * kNWarps;
-  static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
+  static constexpr int kBlockN = kHeadDim == 64 ? 128 : 64;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kTileQ = kBlockM * kHeadDim;  // elements
   static constexpr int kTileKV = kBlockN * kHeadDim;
@@ -232,6 +232,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     // rescale what was accumulated under the old max.
 #pragma unroll
     for (int i = 0; i < kMTiles; ++i) {
+      float row_alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float tile_max = -INFINITY;
@@ -253,10 +254,17 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         }
         row_sum[i][r] = row_sum[i][r] * alpha + tile_sum;
         row_max[i][r] = new_max;
+        row_alpha[r] = alpha;
+      }
+      // Once the row maxima settle, most key blocks leave them unchanged: skip the rescale of
+      // the accumulator when no row of this tile in the warp moved (a warp-uniform branch).
+      if (__any_sync(0xffffffffu, row_alpha[0] != 1.0f || row_alpha[1] != 1.0f)) {
 #pragma unroll
         for (int t = 0; t < kDTiles; ++t) {
-          acc_o[i][t][2 * r] *= alpha;
-          acc_o[i][t][2 * r + 1] *= alpha;
+          acc_o[i][t][0] *= row_alpha[0];
+          acc_o[i][t][1] *= row_alpha[0];
+          acc_o[i][t][2] *= row_alpha[1];
+          acc_o[i][t][3] *= row_alpha[1];
         }
       }
     }
