@@ -7,6 +7,7 @@ Environment:
                          "90a" is Hopper with wgmma/setmaxnreg; "80" serves sm_80/86/89.
     MAX_JOBS             parallel compile jobs (ninja).
     CUDA_HOME            the CUDA toolkit (set it to /usr/local/cuda when nvcc on PATH is a wrapper).
+    FLASHEXT_NVCC_FLAGS  extra nvcc flags, e.g. the tuning knobs of csrc/kernels/attention (experiments).
 """
 
 import os
@@ -60,7 +61,7 @@ setup(
             include_dirs=[str(ROOT / "csrc" / "include")],
             extra_compile_args={
                 "cxx": ["-O3", arch_define],
-                "nvcc": ["-O3", "-lineinfo", arch_define, *gencode_flags(archs)],
+                "nvcc": ["-O3", "-lineinfo", arch_define, *gencode_flags(archs), *os.environ.get("FLASHEXT_NVCC_FLAGS", "").split()],
             },
         )
     ],

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 
 import torch
 
@@ -114,7 +113,6 @@ def _speed_table() -> None:
 def main() -> int:
     import flashext
 
-    warnings.filterwarnings("ignore", message="flashext.flash_attention: the forward kernel")
     info = flashext.build_info()
     print(f"flashext {flashext.__version__}: " + ", ".join(f"{k}={v}" for k, v in info.items() if k != "version"))
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # fresh data every run

@@ -12,8 +12,6 @@ from flashext import reference as ref
 from flashext.testing import assert_close, poison_cache
 from tests.conftest import requires_cuda
 
-pytestmark = pytest.mark.filterwarnings("ignore:flashext.flash_attention. the forward kernel")
-
 DTYPES = [torch.float16, torch.bfloat16]
 DTYPE_IDS = ["float16", "bfloat16"]
 SEQLENS = [(1, 1), (1, 300), (113, 203), (128, 217), (255, 1), (512, 256), (1023, 1024), (2048, 2048)]

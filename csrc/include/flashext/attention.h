@@ -8,8 +8,7 @@
 // Causal and windows are bottom-right aligned: key j is visible to query i when
 // i + Sk − Sq − window_left ≤ j ≤ i + Sk − Sq + window_right (−1: unbounded; causal: right = 0);
 // with align_top_left the diagonal offset Sk − Sq is 0 instead (torch SDPA's convention).
-// A query that sees no key gets O = 0 and lse = −inf. Status: forward kernel written, awaiting
-// its first GPU run (docs/notes/attention.md); not yet registered as a torch op.
+// A query that sees no key gets O = 0 and lse = −inf.
 #pragma once
 
 #include <cstdint>

@@ -27,6 +27,15 @@
 #include "../common/ptx.cuh"
 #include "flashext/attention.h"
 
+// Tuning knobs for D = 256 (warps per block, keys per block), set through FLASHEXT_NVCC_FLAGS
+// for experiments; the defaults are the measured best (docs/notes/attention.md).
+#ifndef FLASHEXT_FWD_D256_WARPS
+#define FLASHEXT_FWD_D256_WARPS 8
+#endif
+#ifndef FLASHEXT_FWD_D256_BLOCK_N
+#define FLASHEXT_FWD_D256_BLOCK_N 64
+#endif
+
 namespace flashext {
 namespace attention_detail {
 
@@ -37,11 +46,11 @@ namespace attention_detail {
 template <int kHeadDim_>
 struct FlashFwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kNWarps = kHeadDim <= 128 ? 4 : 8;
+  static constexpr int kNWarps = kHeadDim <= 128 ? 4 : FLASHEXT_FWD_D256_WARPS;
   static constexpr int kMTiles = kHeadDim <= 128 ? 2 : 1;
   static constexpr int kThreads = 32 * kNWarps;
   static constexpr int kBlockM = 16 * kMTiles * kNWarps;
-  static constexpr int kBlockN = kHeadDim == 64 ? 128 : 64;
+  static constexpr int kBlockN = kHeadDim == 64 ? 128 : kHeadDim == 128 ? 64 : FLASHEXT_FWD_D256_BLOCK_N;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kTileQ = kBlockM * kHeadDim;  // elements
   static constexpr int kTileKV = kBlockN * kHeadDim;
@@ -65,13 +74,12 @@ FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_le
   const int chunk = threadIdx.x % kChunks, row0 = threadIdx.x / kChunks;
   const bool chunk_valid = chunk * 8 < head_dim;
   const T* src = gmem + int64_t(row0) * row_stride + chunk * 8;
-  const uint32_t dst = ptx::smem_addr(smem + swizzled<Config::kHeadDim>(row0, chunk));
+  const uint32_t base = ptx::smem_addr(smem);
 #pragma unroll
   for (int i = 0; i < kRows / kRowStep; ++i) {
     const int row = row0 + i * kRowStep;
     const bool valid = chunk_valid && row < rows_left;
-    // row0 + i·kRowStep keeps row & 7 (kRowStep is a multiple of 8), so the swizzle is fixed.
-    ptx::cp_async_16(dst + i * kRowStep * Config::kHeadDim * 2, valid ? src : gmem, valid ? 16 : 0);
+    ptx::cp_async_16(base + 2 * swizzled<Config::kHeadDim>(row, chunk), valid ? src : gmem, valid ? 16 : 0);
     src += kRowStep * row_stride;
   }
 }
