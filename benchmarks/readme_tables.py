@@ -1,15 +1,67 @@
-"""Print the README's performance tables (markdown) from a bench_gelu.py results JSON.
+"""Print the README's performance tables (markdown) from a bench_gelu.py or bench_attention.py
+results JSON.
 
     python benchmarks/readme_tables.py benchmarks/results/gelu.json
+    python benchmarks/readme_tables.py benchmarks/results/attention.json
 """
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
 
+def attention_tables(payload) -> None:
+    meta, rows = payload["meta"], payload["rows"]
+    print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit `{meta['commit'][:10]}`, "
+          f"{meta['date'][:10]}. Forward TFLOP/s = 4·B·H·S²·D (halved when causal) / time; B·S = 16384, "
+          "H = 2048 / D; ratios are time(anchor) / time(flashext).\n")
+    fwd = [r for r in rows if r["section"] == "fwd"]
+    anchors = ["sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin", "sdpa_mem_efficient"]
+
+    def ratio(row, name):
+        cell = row.get(name, {})
+        return cell["ms"] / row["flashext"]["ms"] if "ms" in cell else None
+
+    print("| head dim | vs " + " | vs ".join(anchors) + " |")
+    print("|---|" + "---|" * len(anchors))
+    for head_dim in sorted({r["head_dim"] for r in fwd}):
+        cells = []
+        for name in anchors:
+            values = [x for x in (ratio(r, name) for r in fwd if r["head_dim"] == head_dim) if x is not None]
+            cells.append(f"{min(values):.2f}× / {statistics.median(values):.2f}×" if values else "n/a")
+        print(f"| {head_dim} | " + " | ".join(cells) + " |")
+    print("\n(worst / median over fp16 and bf16, causal and not, S = 512 … 16384)\n")
+    print("| dtype | D | mask | S | flashext TFLOP/s | SDPA flash | cuDNN | FlexAttention | Triton twin |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in fwd:
+        cells = [f"{r[n]['tflops']:.0f}" if "tflops" in r.get(n, {}) else "n/a"
+                 for n in ("sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin")]
+        print(f"| {r['dtype']} | {r['head_dim']} | {'causal' if r['causal'] else 'full'} | {r['seqlen']} | "
+              f"{r['flashext']['tflops']:.0f} | " + " | ".join(cells) + " |")
+    memory = [r for r in rows if r["section"] == "memory"]
+    if memory:
+        print("\n**Peak extra memory** of the forward (B = 1, H = 1, D = 128, fp16): what the call allocates, its output and lse included\n")
+        print("| S | flashext | SDPA math |")
+        print("|---|---|---|")
+        for r in memory:
+            print(f"| {r['seqlen']} | {r['flashext']['peak_extra_mib']:.0f} MiB | "
+                  f"{r['sdpa_math'].get('peak_extra_mib', float('nan')):.0f} MiB |")
+    softmax = [r for r in rows if r["section"] == "softmax"]
+    if softmax:
+        print("\n**online_softmax** — GB/s counting one read and one write\n")
+        print("| dtype | rows × cols | flashext GB/s | torch.softmax GB/s | speedup |")
+        print("|---|---|---|---|---|")
+        for r in softmax:
+            print(f"| {r['dtype']} | {r['rows']}×{r['cols']} | {r['flashext']['gbps']:.0f} | {r['torch']['gbps']:.0f} | "
+                  f"{r['torch']['ms'] / r['flashext']['ms']:.2f}× |")
+
+
 def main(path: str) -> None:
     payload = json.loads(Path(path).read_text())
+    if any(r["section"] == "fwd" for r in payload["rows"]):
+        attention_tables(payload)
+        return
     meta = payload["meta"]
     ceiling = max(payload["ceiling_copy_gbps"], payload.get("ceiling_copy_gbps_end", 0))
     rows = payload["rows"]
