@@ -69,20 +69,20 @@ struct BiasGeluBwdParams {
 
 // How a rows × cols launch is cut. Pure host logic, unit-tested on the CPU.
 // A block is kColThreads × kRowThreads threads: threadIdx.x walks vec-wide column packs of one
-// column segment (blockIdx.x), threadIdx.y the rows of one row group (blockIdx.y), kRowUnroll
-// rows in flight at a time. The backward kernel reduces its block's rows in shared memory and
+// column segment (blockIdx.x), threadIdx.y the rows of one row group (blockIdx.y), row_unroll
+// rows in flight at a time (2 for the fp32 forward, whose one 16-byte load per thread left too
+// few bytes in flight to reach the copy rate; 1 elsewhere). The backward kernel reduces its block's rows in shared memory and
 // writes one fp32 partial row per row group, which a second kernel sums.
 struct RowColPlan {
   static constexpr int kColThreads = 32;
   static constexpr int kRowThreads = 8;
-  static constexpr int kRowUnroll = 1;
   int vec = 1;  // elements per thread access (16 bytes when the layout allows, else 1)
   int64_t grid_x = 0;  // column segments: ceil(cols / (vec · kColThreads))
   int64_t grid_y = 0;  // row groups, at most min(max_row_groups, 65535)
   int64_t rows_per_block = 0;  // ceil(rows / grid_y)
 };
 
-RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_groups);
+RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_groups, int row_unroll);
 
 // 16 bytes when the pointers (all 16-byte aligned), cols and the row stride allow it, else 1.
 int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int64_t x_row_stride,

@@ -20,11 +20,13 @@ cudaError_t run_bias_gelu_fwd(const BiasGeluParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
   const void* ptrs[] = {p.x, p.bias, p.out};
   const int vec = bias_gelu_vec_width(ptrs, 3, p.cols, p.x_row_stride, p.dtype);
-  const RowColPlan plan = plan_bias_gelu(p.rows, p.cols, vec, /*max_row_groups=*/INT64_MAX);
-  const RowColArgs args{nullptr, p.x, p.bias, p.out, nullptr, p.rows, p.cols, p.x_row_stride,
-                        plan.rows_per_block, p.approximate == GeluApprox::kTanh};
   return dispatch_dtype(p.dtype, [&](auto type_tag) {
-    return launch_bias_gelu<decltype(type_tag), /*kBackward=*/false>(args, plan, stream);
+    using T = decltype(type_tag);
+    const RowColPlan plan =
+        plan_bias_gelu(p.rows, p.cols, vec, /*max_row_groups=*/INT64_MAX, kBiasRowUnroll<T, /*kBackward=*/false>);
+    const RowColArgs args{nullptr, p.x, p.bias, p.out, nullptr, p.rows, p.cols, p.x_row_stride,
+                          plan.rows_per_block, p.approximate == GeluApprox::kTanh};
+    return launch_bias_gelu<T, /*kBackward=*/false>(args, plan, stream);
   });
 }
 

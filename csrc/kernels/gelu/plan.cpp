@@ -12,12 +12,12 @@ namespace {
 constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y
 }  // namespace
 
-RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_groups) {
+RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_groups, int row_unroll) {
   RowColPlan plan;
   plan.vec = vec;
   plan.grid_x = std::max<int64_t>(1, ceil_div(cols, int64_t(vec) * RowColPlan::kColThreads));
   // At least one full unrolled batch of rows per row thread, so the loads overlap.
-  const int64_t min_rows_per_block = int64_t(RowColPlan::kRowThreads) * RowColPlan::kRowUnroll;
+  const int64_t min_rows_per_block = int64_t(RowColPlan::kRowThreads) * std::max(row_unroll, 1);
   const int64_t cap = std::max<int64_t>(1, std::min(max_row_groups, kMaxGridY));
   const int64_t groups = std::clamp<int64_t>(ceil_div(rows, min_rows_per_block), 1, cap);
   plan.rows_per_block = std::max<int64_t>(1, ceil_div(rows, groups));
@@ -44,7 +44,7 @@ RowColPlan plan_bias_gelu_bwd(const BiasGeluBwdParams& p) {
   const int64_t target_blocks = 16 * int64_t(std::max(current_device_sm_count(), 1));
   const int64_t grid_x = ceil_div(p.cols, int64_t(vec) * RowColPlan::kColThreads);
   const int64_t max_groups = std::min(ceil_div(target_blocks, grid_x), std::max<int64_t>(1, p.rows / 16));
-  return plan_bias_gelu(p.rows, p.cols, vec, std::max<int64_t>(1, max_groups));
+  return plan_bias_gelu(p.rows, p.cols, vec, std::max<int64_t>(1, max_groups), /*row_unroll=*/1);
 }
 
 size_t bias_gelu_bwd_workspace_bytes(const BiasGeluBwdParams& p) {
