@@ -9,7 +9,8 @@
 // kMTiles m16 row tiles of the block, so row statistics live in one warp (each thread holds rows
 // g and g + 8 of a tile, g = lane / 4; a row's 4 owners are one lane quad).
 // Shared memory (dynamic): Q kBlockM × kHeadDim, K and V 2 × kBlockN × kHeadDim each (double
-// buffered with cp.async), all 16-bit: 80 KiB at D = 64, 96 KiB at 128, 192 KiB at 256.
+// buffered with cp.async; single-buffered at D = 256), all 16-bit: 80 KiB at D = 64, 96 KiB at
+// 128 and at 256 (two blocks per SM).
 // Rows are stored with a 16-byte-chunk XOR swizzle (chunk c of row r at c ^ (r % 8)), so the 8
 // row addresses of every ldmatrix hit 8 different bank groups.
 // Only key blocks that cross the sequence end, the causal diagonal or a window edge are masked;
@@ -30,10 +31,13 @@
 // Tuning knobs for D = 256 (warps per block, keys per block), set through FLASHEXT_NVCC_FLAGS
 // for experiments; the defaults are the measured best (docs/notes/attention.md).
 #ifndef FLASHEXT_FWD_D256_WARPS
-#define FLASHEXT_FWD_D256_WARPS 8
+#define FLASHEXT_FWD_D256_WARPS 4
 #endif
 #ifndef FLASHEXT_FWD_D256_BLOCK_N
 #define FLASHEXT_FWD_D256_BLOCK_N 64
+#endif
+#ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
+#define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
 #endif
 
 namespace flashext {
@@ -42,7 +46,8 @@ namespace attention_detail {
 // Tile shapes per compiled head dim. A warp owns kMTiles m16 row tiles (32 rows at D ≤ 128, as
 // FlashAttention-2 does: every K/V fragment read from shared memory feeds two mma), so a block
 // holds kBlockM = 16 · kMTiles · kNWarps query rows. D = 256 keeps one row tile per warp (the
-// accumulator alone is 128 registers) and uses 8 warps instead.
+// accumulator alone is 128 registers): 4 warps, 64 keys per block, single-buffered K/V in 96 KiB
+// so that two blocks share an SM, as FlashAttention-2 runs it on Hopper.
 template <int kHeadDim_>
 struct FlashFwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
@@ -54,7 +59,11 @@ struct FlashFwdConfig {
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kTileQ = kBlockM * kHeadDim;  // elements
   static constexpr int kTileKV = kBlockN * kHeadDim;
-  static constexpr int kSmemBytes = (kTileQ + 4 * kTileKV) * 2;
+  // Double-buffered K/V: the next block's tiles load during this block's math. Single-buffered
+  // (D = 256, to fit two 96 KiB blocks per SM): V loads under Q Kᵀ, the next K under P V.
+  static constexpr bool kDoubleBuffer = kHeadDim <= 128 || FLASHEXT_FWD_D256_DOUBLE_BUFFER;
+  static constexpr int kKVBuffers = kDoubleBuffer ? 2 : 1;
+  static constexpr int kSmemBytes = (kTileQ + 2 * kKVBuffers * kTileKV) * 2;
   static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
   static_assert(kThreads % kChunks == 0, "a thread copies one fixed chunk column");
 };
@@ -92,8 +101,8 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per row tile
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem_q = reinterpret_cast<T*>(smem_raw);
-  T* smem_k = smem_q + Config::kTileQ;  // 2 buffers
-  T* smem_v = smem_k + 2 * Config::kTileKV;  // 2 buffers
+  T* smem_k = smem_q + Config::kTileQ;  // kKVBuffers buffers each
+  T* smem_v = smem_k + Config::kKVBuffers * Config::kTileKV;
 
   // The last query blocks first: under a causal mask they have the most key blocks to visit.
   const int m_block = gridDim.x - 1 - blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
@@ -157,7 +166,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   if (num_n_blocks > 0) {
     load_tile<Config, kBlockM>(smem_q, q, p.q_row_stride, seqlen_q - m_start, p.head_dim);
     load_tile<Config, kBlockN>(smem_k, k + int64_t(n_lo) * p.k_row_stride, p.k_row_stride, seqlen_k - n_lo, p.head_dim);
-    load_tile<Config, kBlockN>(smem_v, v + int64_t(n_lo) * p.v_row_stride, p.v_row_stride, seqlen_k - n_lo, p.head_dim);
+    if constexpr (Config::kDoubleBuffer) {
+      load_tile<Config, kBlockN>(smem_v, v + int64_t(n_lo) * p.v_row_stride, p.v_row_stride, seqlen_k - n_lo, p.head_dim);
+    }
   }
   ptx::cp_async_commit();
 
@@ -168,16 +179,21 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
 
   for (int it = 0; it < num_n_blocks; ++it) {
     const int n_start = n_lo + it * kBlockN;
-    const T* smem_k_cur = smem_k + (it % 2) * Config::kTileKV;
-    const T* smem_v_cur = smem_v + (it % 2) * Config::kTileKV;
+    const int buffer = Config::kDoubleBuffer ? it % 2 : 0;
+    const T* smem_k_cur = smem_k + buffer * Config::kTileKV;
+    const T* smem_v_cur = smem_v + buffer * Config::kTileKV;
     ptx::cp_async_wait<0>();
-    __syncthreads();  // this block's tiles are in shared memory; the other buffer is free
-    if (it + 1 < num_n_blocks) {  // prefetch the next K and V tiles while this one is computed
-      const int next = n_start + kBlockN;
-      T* smem_k_next = smem_k + ((it + 1) % 2) * Config::kTileKV;
-      T* smem_v_next = smem_v + ((it + 1) % 2) * Config::kTileKV;
-      load_tile<Config, kBlockN>(smem_k_next, k + int64_t(next) * p.k_row_stride, p.k_row_stride, seqlen_k - next, p.head_dim);
-      load_tile<Config, kBlockN>(smem_v_next, v + int64_t(next) * p.v_row_stride, p.v_row_stride, seqlen_k - next, p.head_dim);
+    __syncthreads();  // this block's K (and V) is in shared memory; what the last block read is free
+    if constexpr (Config::kDoubleBuffer) {
+      if (it + 1 < num_n_blocks) {  // prefetch the next K and V tiles while this one is computed
+        const int next = n_start + kBlockN;
+        T* smem_k_next = smem_k + ((it + 1) % 2) * Config::kTileKV;
+        T* smem_v_next = smem_v + ((it + 1) % 2) * Config::kTileKV;
+        load_tile<Config, kBlockN>(smem_k_next, k + int64_t(next) * p.k_row_stride, p.k_row_stride, seqlen_k - next, p.head_dim);
+        load_tile<Config, kBlockN>(smem_v_next, v + int64_t(next) * p.v_row_stride, p.v_row_stride, seqlen_k - next, p.head_dim);
+      }
+    } else {  // this block's V loads while Q Kᵀ runs
+      load_tile<Config, kBlockN>(smem_v, v + int64_t(n_start) * p.v_row_stride, p.v_row_stride, seqlen_k - n_start, p.head_dim);
     }
     ptx::cp_async_commit();
 
@@ -275,6 +291,16 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
           acc_o[i][t][3] *= row_alpha[1];
         }
       }
+    }
+
+    if constexpr (!Config::kDoubleBuffer) {
+      ptx::cp_async_wait<0>();
+      __syncthreads();  // V is in shared memory; every warp is done with K
+      if (it + 1 < num_n_blocks) {  // the next K loads while P V runs
+        const int next = n_start + kBlockN;
+        load_tile<Config, kBlockN>(smem_k, k + int64_t(next) * p.k_row_stride, p.k_row_stride, seqlen_k - next, p.head_dim);
+      }
+      ptx::cp_async_commit();
     }
 
     // O += P V: P's accumulator layout is already the A-fragment layout (two n8 tiles = one k16).
