@@ -66,6 +66,9 @@ struct FlashFwdConfig {
   static constexpr int kSmemBytes = (kTileQ + 2 * kKVBuffers * kTileKV) * 2;
   static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
   static_assert(kThreads % kChunks == 0, "a thread copies one fixed chunk column");
+  static_assert(kBlockN % (kThreads / kChunks) == 0 && kBlockM % (kThreads / kChunks) == 0,
+                "load_tile copies whole passes of kThreads / kChunks rows");
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one block may have (sm_90)");
 };
 
 // Element offset of (row, 16-byte chunk) in a swizzled tile of kHeadDim-wide rows.
