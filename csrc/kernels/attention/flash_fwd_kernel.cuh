@@ -28,13 +28,20 @@
 #include "../common/ptx.cuh"
 #include "flashext/attention.h"
 
-// Tuning knobs for D = 256 (warps per block, keys per block), set through FLASHEXT_NVCC_FLAGS
-// for experiments; the defaults are the measured best (docs/notes/attention.md).
+// Tuning knobs (warps and keys per block at D = 256; K/V double buffering per head dim), set
+// through FLASHEXT_NVCC_FLAGS for experiments; the defaults are the measured best
+// (docs/notes/attention.md). Single buffering at D ≤ 128 is untried.
 #ifndef FLASHEXT_FWD_D256_WARPS
 #define FLASHEXT_FWD_D256_WARPS 4
 #endif
 #ifndef FLASHEXT_FWD_D256_BLOCK_N
 #define FLASHEXT_FWD_D256_BLOCK_N 64
+#endif
+#ifndef FLASHEXT_FWD_D64_DOUBLE_BUFFER
+#define FLASHEXT_FWD_D64_DOUBLE_BUFFER 1
+#endif
+#ifndef FLASHEXT_FWD_D128_DOUBLE_BUFFER
+#define FLASHEXT_FWD_D128_DOUBLE_BUFFER 1
 #endif
 #ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
@@ -61,7 +68,9 @@ struct FlashFwdConfig {
   static constexpr int kTileKV = kBlockN * kHeadDim;
   // Double-buffered K/V: the next block's tiles load during this block's math. Single-buffered
   // (D = 256, to fit two 96 KiB blocks per SM): V loads under Q Kᵀ, the next K under P V.
-  static constexpr bool kDoubleBuffer = kHeadDim <= 128 || FLASHEXT_FWD_D256_DOUBLE_BUFFER;
+  static constexpr bool kDoubleBuffer = kHeadDim == 64    ? FLASHEXT_FWD_D64_DOUBLE_BUFFER
+                                        : kHeadDim == 128 ? FLASHEXT_FWD_D128_DOUBLE_BUFFER
+                                                          : FLASHEXT_FWD_D256_DOUBLE_BUFFER;
   static constexpr int kKVBuffers = kDoubleBuffer ? 2 : 1;
   static constexpr int kSmemBytes = (kTileQ + 2 * kKVBuffers * kTileKV) * 2;
   static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
