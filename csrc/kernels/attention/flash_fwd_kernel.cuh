@@ -175,12 +175,18 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   }
   const int warp_row0 = 16 * kMTiles * warp;
 
+  // The K or V tile of the key block starting at n into a shared buffer.
+  const auto load_k = [&](T* dst, int n) {
+    load_tile<Config, kBlockN>(dst, k + int64_t(n) * p.k_row_stride, p.k_row_stride, seqlen_k - n, p.head_dim);
+  };
+  const auto load_v = [&](T* dst, int n) {
+    load_tile<Config, kBlockN>(dst, v + int64_t(n) * p.v_row_stride, p.v_row_stride, seqlen_k - n, p.head_dim);
+  };
+
   if (num_n_blocks > 0) {
     load_tile<Config, kBlockM>(smem_q, q, p.q_row_stride, seqlen_q - m_start, p.head_dim);
-    load_tile<Config, kBlockN>(smem_k, k + int64_t(n_lo) * p.k_row_stride, p.k_row_stride, seqlen_k - n_lo, p.head_dim);
-    if constexpr (Config::kDoubleBuffer) {
-      load_tile<Config, kBlockN>(smem_v, v + int64_t(n_lo) * p.v_row_stride, p.v_row_stride, seqlen_k - n_lo, p.head_dim);
-    }
+    load_k(smem_k, n_lo);
+    if constexpr (Config::kDoubleBuffer) load_v(smem_v, n_lo);
   }
   ptx::cp_async_commit();
 
@@ -198,14 +204,12 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     __syncthreads();  // this block's K (and V) is in shared memory; what the last block read is free
     if constexpr (Config::kDoubleBuffer) {
       if (it + 1 < num_n_blocks) {  // prefetch the next K and V tiles while this one is computed
-        const int next = n_start + kBlockN;
-        T* smem_k_next = smem_k + ((it + 1) % 2) * Config::kTileKV;
-        T* smem_v_next = smem_v + ((it + 1) % 2) * Config::kTileKV;
-        load_tile<Config, kBlockN>(smem_k_next, k + int64_t(next) * p.k_row_stride, p.k_row_stride, seqlen_k - next, p.head_dim);
-        load_tile<Config, kBlockN>(smem_v_next, v + int64_t(next) * p.v_row_stride, p.v_row_stride, seqlen_k - next, p.head_dim);
+        const int other = (it + 1) % 2;
+        load_k(smem_k + other * Config::kTileKV, n_start + kBlockN);
+        load_v(smem_v + other * Config::kTileKV, n_start + kBlockN);
       }
     } else {  // this block's V loads while Q Kᵀ runs
-      load_tile<Config, kBlockN>(smem_v, v + int64_t(n_start) * p.v_row_stride, p.v_row_stride, seqlen_k - n_start, p.head_dim);
+      load_v(smem_v, n_start);
     }
     ptx::cp_async_commit();
 
@@ -308,10 +312,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     if constexpr (!Config::kDoubleBuffer) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V is in shared memory; every warp is done with K
-      if (it + 1 < num_n_blocks) {  // the next K loads while P V runs
-        const int next = n_start + kBlockN;
-        load_tile<Config, kBlockN>(smem_k, k + int64_t(next) * p.k_row_stride, p.k_row_stride, seqlen_k - next, p.head_dim);
-      }
+      if (it + 1 < num_n_blocks) load_k(smem_k, n_start + kBlockN);  // the next K loads while P V runs
       ptx::cp_async_commit();
     }
 
