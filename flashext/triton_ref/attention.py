@@ -1,5 +1,5 @@
-"""Triton twin of the FlashAttention-2 forward (the CUDA kernel comes with issue 3; this twin
-fixes the names and the loop it will mirror).
+"""Triton twin of the FlashAttention-2 forward in csrc/kernels/attention/flash_fwd_kernel.cuh
+(same names, same loop; the CUDA kernel adds the tiling of fragments across warps).
 
 flash_attention_fwd_kernel: program (m_block, batch · H + head) owns BLOCK_M query rows of one
 head and walks the key/value tiles of its KV head (head // GROUP) BLOCK_N at a time:
@@ -30,30 +30,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .common import tanh_parts, to_dtype
+
 kLog2e = tl.constexpr(1.4426950408889634)
 kLn2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def round_to_bf16(value):
-    """fp32 → the nearest-even bf16 value, still in fp32. The Triton interpreter casts fp32 → bf16
-    by truncation; on a GPU the cast already rounds, so this changes nothing there."""
-    bits = value.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def to_dtype(value, dtype: tl.constexpr):
-    if dtype == tl.bfloat16:
-        value = round_to_bf16(value)
-    return value.to(dtype)
-
-
-@triton.jit
-def tanh_via_exp(x):
-    # tanh(x) = 1 − 2/(e^{2x} + 1): exact ±1 limits when e^{2x} over/underflows
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
 
 @triton.jit
@@ -124,7 +104,8 @@ def flash_attention_fwd_kernel(
             else:
                 s = tl.dot(q, tl.trans(k))  # S = Q Kᵀ
             if HAS_SOFTCAP:
-                s = softcap * tanh_via_exp(s * (scale / softcap)) * kLog2e
+                one_plus_t, _ = tanh_parts(s * (scale / softcap))
+                s = softcap * (one_plus_t - 1.0) * kLog2e
             else:
                 s = s * scale_log2
             # key j visible to row i: j < seqlen_k, i + diag − left ≤ j ≤ i + diag + right (−1: unbounded)

@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .common import tanh_parts, to_dtype
+
 kSqrt1_2 = tl.constexpr(0.70710678118654752)  # 1/√2
 kInvSqrt2Pi = tl.constexpr(0.39894228040143268)  # 1/√(2π)
 kSqrt2OverPi = tl.constexpr(0.79788456080286536)  # √(2/π)
@@ -26,14 +28,6 @@ FLAT_UNROLL = 4
 BIAS_BLOCK_COLS = 256
 BIAS_BLOCK_ROWS = 8
 BIAS_MIN_ROWS_PER_BLOCK = 32
-
-
-@triton.jit
-def tanh_parts(u):
-    # e = e^{2u}, r = 1/(e + 1):  1 + t = 2e·r,  1 − t² = 4e·r²  (no cancellation as |t| → 1)
-    e = tl.exp(2.0 * tl.minimum(tl.maximum(u, -40.0), 40.0))
-    r = 1.0 / (e + 1.0)
-    return 2.0 * e * r, 4.0 * (e * r) * r
 
 
 @triton.jit
@@ -69,15 +63,8 @@ def gelu_epilogue(z, g, TANH: tl.constexpr, BACKWARD: tl.constexpr):
 
 @triton.jit
 def store_rounded(ptr, value, mask):
-    """Store fp32 `value` rounded to nearest-even in ptr's dtype.
-
-    For bfloat16 the rounding is done here on the fp32 bits: the Triton interpreter casts
-    fp32 → bf16 by truncation, and on a GPU (where the cast already rounds) this is a no-op."""
-    if ptr.dtype.element_ty == tl.bfloat16:
-        bits = value.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        value = bits.to(tl.float32, bitcast=True)
-    tl.store(ptr, value.to(ptr.dtype.element_ty), mask=mask)
+    """Store fp32 `value` rounded to nearest-even in ptr's dtype."""
+    tl.store(ptr, to_dtype(value, ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
