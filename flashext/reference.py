@@ -100,6 +100,25 @@ def attention_mask(seqlen_q: int, seqlen_k: int, causal: bool = False,
     return visible
 
 
+def _heads_first(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float | None, dtype: torch.dtype):
+    """q, k, v as (B, H, S, D) in `dtype`, each KV head repeated for its group of query heads,
+    and the softmax scale (1/√D unless given)."""
+    heads, heads_kv, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    if heads % heads_kv != 0:
+        raise ValueError(f"heads {heads} is not a multiple of kv heads {heads_kv}")
+    group = heads // heads_kv
+    qf = q.to(dtype).transpose(1, 2)
+    kf = k.to(dtype).repeat_interleave(group, dim=2).transpose(1, 2)
+    vf = v.to(dtype).repeat_interleave(group, dim=2).transpose(1, 2)
+    return qf, kf, vf, head_dim**-0.5 if softmax_scale is None else softmax_scale
+
+
+def _safe_max(row_max: Tensor) -> Tensor:
+    """The max to subtract before exp: 0 while a row has seen only −inf (exp(−inf − −inf) is NaN).
+    The CUDA twin: safe_row_max in csrc/kernels/common/online_softmax.h."""
+    return torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
               window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, return_lse: bool = False,
               compute_dtype: torch.dtype = torch.float64):
@@ -109,15 +128,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_sca
     in the same precision", the baseline of the tolerance rule). Returns out (B, Sq, H, D) in
     compute_dtype, and with return_lse also lse (B, H, Sq), natural log.
     """
-    batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    if heads % heads_kv != 0:
-        raise ValueError(f"heads {heads} is not a multiple of kv heads {heads_kv}")
-    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
-    group = heads // heads_kv
-    qf = q.to(compute_dtype).transpose(1, 2)  # (B, H, Sq, D)
-    kf = k.to(compute_dtype).repeat_interleave(group, dim=2).transpose(1, 2)  # (B, H, Sk, D)
-    vf = v.to(compute_dtype).repeat_interleave(group, dim=2).transpose(1, 2)
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    qf, kf, vf, scale = _heads_first(q, k, v, softmax_scale, compute_dtype)  # (B, H, S, D)
     scores = (qf @ kf.transpose(-1, -2)) * scale  # S = Q Kᵀ · scale
     if softcap > 0:
         scores = softcap * torch.tanh(scores / softcap)
@@ -167,12 +179,10 @@ def online_softmax(x: Tensor, tile: int) -> Tensor:
     for start in range(0, x.shape[-1], tile):
         t = x[..., start:start + tile]
         new_max = torch.maximum(row_max, t.amax(dim=-1))
-        # exp(−inf − −inf) would be NaN: a row that has seen only −inf keeps row_sum 0
-        safe_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        safe_max = _safe_max(new_max)  # a row that has seen only −inf keeps row_sum 0
         row_sum = row_sum * torch.exp(row_max - safe_max) + torch.exp(t - safe_max[..., None]).sum(dim=-1)
         row_max = new_max
-    safe_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
-    return torch.exp(x - safe_max[..., None]) / row_sum[..., None]
+    return torch.exp(x - _safe_max(row_max)[..., None]) / row_sum[..., None]
 
 
 def attention_tiled(q: Tensor, k: Tensor, v: Tensor, block_n: int = 64, causal: bool = False,
@@ -183,11 +193,8 @@ def attention_tiled(q: Tensor, k: Tensor, v: Tensor, block_n: int = 64, causal: 
     exp(row_max_old − row_max_new) whenever a tile raises the max. Never forms the (Sq, Sk)
     probability matrix; equals attention() (tested). Returns (out, lse) like attention()."""
     batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, group = k.shape[1], heads // k.shape[2]
-    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
-    qf = _f64(q).transpose(1, 2)
-    kf = _f64(k).repeat_interleave(group, dim=2).transpose(1, 2)
-    vf = _f64(v).repeat_interleave(group, dim=2).transpose(1, 2)
+    seqlen_k = k.shape[1]
+    qf, kf, vf, scale = _heads_first(q, k, v, softmax_scale, torch.float64)
     visible = attention_mask(seqlen_q, seqlen_k, causal, window_size, device=q.device)
     row_max = torch.full((batch, heads, seqlen_q), float("-inf"), dtype=torch.float64, device=q.device)
     row_sum = torch.zeros_like(row_max)
@@ -199,7 +206,7 @@ def attention_tiled(q: Tensor, k: Tensor, v: Tensor, block_n: int = 64, causal: 
             s = softcap * torch.tanh(s / softcap)
         s = s.masked_fill(~visible[:, cols], float("-inf"))
         new_max = torch.maximum(row_max, s.amax(dim=-1))
-        safe_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        safe_max = _safe_max(new_max)
         p = torch.exp(s - safe_max[..., None])  # P = exp(S − m_new), stays "in registers"
         alpha = torch.exp(row_max - safe_max)  # rescale of everything accumulated so far
         row_sum = row_sum * alpha + p.sum(dim=-1)
