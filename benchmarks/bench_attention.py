@@ -16,6 +16,7 @@ Writes attention.json and attention.png to $OUT (or benchmarks/results).
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -222,8 +223,7 @@ def summarize(payload):
         print(f"  {row['dtype']} D={row['head_dim']:3d} {'causal' if row['causal'] else 'full  '} S={row['seqlen']:5d} "
               f"{row['flashext']['tflops']:5.0f} TFLOP/s: " + ", ".join(parts))
     for name, values in ratios.items():
-        values = sorted(values)
-        print(f"  vs {name}: worst {values[0]:.2f}x, median {values[len(values) // 2]:.2f}x over {len(values)} points")
+        print(f"  vs {name}: worst {min(values):.2f}x, median {statistics.median(values):.2f}x over {len(values)} points")
 
 
 def main():

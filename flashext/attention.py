@@ -11,7 +11,6 @@ reference; its speed against SDPA's backends is in docs/notes/attention.md and t
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 
@@ -65,8 +64,8 @@ def _validate_cu_seqlens(name: str, cu: Tensor, total: int, max_seqlen: int) -> 
     if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
         return  # the op's own checks name these errors
     lengths = cu[1:] - cu[:-1]
-    bad = torch.stack([cu[0] != 0, (lengths < 0).any(), cu[-1] > total,
-                       (lengths.max() > max_seqlen) if lengths.numel() else cu[0] != cu[0]]).cpu()
+    too_long = (lengths > max_seqlen).any()  # False for an empty batch
+    bad = torch.stack([cu[0] != 0, (lengths < 0).any(), cu[-1] > total, too_long]).cpu()  # one host sync
     if bad[0]:
         raise RuntimeError(f"{fn}: argument '{name}' must start at 0")
     if bad[1]:
