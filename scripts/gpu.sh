@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # flashext on a GPU machine: build, check, test, sanitize, benchmark, in one call.
 #
-#   scripts/gpu.sh [STEP ...]       STEP: build main pytest ctest sanitize bench bench_attention
-#                                   (default: all but bench_attention, which takes minutes)
+#   scripts/gpu.sh [STEP ...]       STEP: build main pytest ctest sanitize bench bench_attention profile
+#                                   (default: all but bench_attention and profile, which take minutes)
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
 #
@@ -59,6 +59,14 @@ sanitize() {
     $PY -m pytest -q -p no:cacheprovider tests/test_gelu.py -k "views and bfloat16 or in_place and float32"
 }
 
+profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash (profile_attention.py)
+  ncu --clock-control none -k regex:flash_fwd -f -o "$OUT/attention_profile" \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+    --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis_Tables $PY benchmarks/profile_attention.py || return 1
+  ncu -i "$OUT/attention_profile.ncu-rep" --page details >"$OUT/attention_profile.txt"
+}
+
 for step in "${steps[@]}"; do
   case $step in
     build) run_step build build || break ;;  # nothing else can run without the extension
@@ -68,6 +76,7 @@ for step in "${steps[@]}"; do
     sanitize) run_step compute-sanitizer sanitize ;;
     bench) run_step bench_gelu $PY benchmarks/bench_gelu.py ${BENCH_ARGS:-} ;;
     bench_attention) run_step bench_attention $PY benchmarks/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
+    profile) run_step profile profile ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac
 done

@@ -1,0 +1,47 @@
+"""One launch of each forward on a few grid shapes, for Nsight Compute to read side by side.
+
+    ncu --clock-control none -k regex:flash_fwd --section ... python benchmarks/profile_attention.py
+
+Runs flashext.flash_attention and SDPA's flash backend (FlashAttention-2) once per shape, on the
+benchmark grid's shapes (B · S = 16384 tokens, H = 2048 / D), so each pair of profiled kernels
+in the report did the same work. Shapes: FLASHEXT_PROFILE_SHAPES="dtype:D:causal:S,..." (default:
+the grid's weakest points).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import flashext  # noqa: E402
+
+DEFAULT = "bf16:64:1:512,bf16:64:1:2048,bf16:128:0:512,bf16:256:0:2048,bf16:256:1:1024,bf16:128:0:16384"
+
+
+def main():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    for spec in os.environ.get("FLASHEXT_PROFILE_SHAPES", DEFAULT).split(","):
+        dname, head_dim, causal, seqlen = spec.split(":")
+        head_dim, causal, seqlen = int(head_dim), causal == "1", int(seqlen)
+        batch, heads = 16384 // seqlen, 2048 // head_dim
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtypes[dname], generator=gen)
+                   for _ in range(3))
+        print(f"shape {dname} D={head_dim} {'causal' if causal else 'full'} S={seqlen}: flashext, then sdpa_flash",
+              flush=True)
+        flashext.flash_attention(q, k, v, causal=causal)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
