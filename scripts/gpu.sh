@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # flashext on a GPU machine: build, check, test, sanitize, benchmark, in one call.
 #
-#   scripts/gpu.sh [STEP ...]       STEP: build main pytest ctest sanitize bench bench_attention profile
+#   scripts/gpu.sh [STEP ...]       STEP: build main pytest ctest sanitize bench bench_attention profile ab
 #                                   (default: all but bench_attention and profile, which take minutes)
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
+#   FLASHEXT_AB="base:|sb:-DFLASHEXT_FWD_D64_DOUBLE_BUFFER=0"  step ab: rebuild with each variant's
+#                                   nvcc flags, run bench_attention's fwd section (narrowed by the
+#                                   FLASHEXT_BENCH_* variables) into $OUT/ab_NAME; rebuilds the default last
 #
 # Logs go to $OUT/gpu.log (or ./gpu_out when OUT is unset), benchmark JSON and plots to $OUT;
 # a summary of every step is printed last and written to $OUT/summary.txt.
@@ -67,6 +70,18 @@ profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash
   ncu -i "$OUT/attention_profile.ncu-rep" --page details >"$OUT/attention_profile.txt"
 }
 
+ab() {
+  local spec name specs
+  IFS='|' read -ra specs <<<"${FLASHEXT_AB:?set FLASHEXT_AB}"
+  for spec in "${specs[@]}"; do
+    name=${spec%%:*}
+    echo "=== variant $name: ${spec#*:}"
+    FLASHEXT_NVCC_FLAGS="${spec#*:}" build >/dev/null || return 1
+    OUT=$OUT/ab_$name $PY benchmarks/bench_attention.py --only fwd | grep -E "^  (vs|(fp16|bf16) D=)" || return 1
+  done
+  build >/dev/null
+}
+
 for step in "${steps[@]}"; do
   case $step in
     build) run_step build build || break ;;  # nothing else can run without the extension
@@ -77,6 +92,7 @@ for step in "${steps[@]}"; do
     bench) run_step bench_gelu $PY benchmarks/bench_gelu.py ${BENCH_ARGS:-} ;;
     bench_attention) run_step bench_attention $PY benchmarks/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
     profile) run_step profile profile ;;
+    ab) run_step ab ab ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac
 done

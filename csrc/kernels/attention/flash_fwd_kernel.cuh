@@ -86,22 +86,47 @@ FX_DEVICE int swizzled(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
 }
 
+// Byte address in shared memory of the even chunk `chunk_even` (+ c) of a swizzled row, from the
+// address `base_c` of chunk c (0 or 1) of that row. Tiles start 128-byte aligned and rows are whole
+// multiples of 128 bytes, so bits 4-6 of base_c hold (c ^ (row & 7)): XOR-ing the low three bits of
+// chunk_even into them and adding the rest gives chunk (chunk_even + c) ^ (row & 7). With
+// chunk_even a constant after unrolling that is at most one LOP3 (often none) per fragment, where
+// forming the swizzle from the row and chunk took three instructions.
+FX_DEVICE uint32_t swizzled_chunk_addr(uint32_t base_c, int chunk_even) {
+  return (base_c ^ uint32_t((chunk_even & 7) << 4)) + uint32_t((chunk_even & ~7) << 4);
+}
+
 // Copy rows [0, kRows) of a (rows_left-row, head_dim-wide) global tile into a swizzled shared tile
 // with cp.async; rows past rows_left and columns past head_dim are zero-filled. Thread t always
-// copies chunk t % kChunks of rows t / kChunks + i · (kThreads / kChunks).
+// copies chunk t % kChunks of rows t / kChunks + i · kRowStep. Whole tiles (the common case: every
+// block but the last of a sequence, full head_dim) take a branch with no per-row predicates.
 template <typename Config, int kRows, typename T>
 FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_left, int head_dim) {
   constexpr int kChunks = Config::kChunks, kRowStep = Config::kThreads / kChunks;
+  static_assert((kRowStep & (kRowStep - 1)) == 0, "row steps are powers of two");
   const int chunk = threadIdx.x % kChunks, row0 = threadIdx.x / kChunks;
-  const bool chunk_valid = chunk * 8 < head_dim;
   const T* src = gmem + int64_t(row0) * row_stride + chunk * 8;
-  const uint32_t base = ptx::smem_addr(smem);
+  const int64_t src_step = kRowStep * row_stride;
+  // Row row0 + i · kRowStep has swizzle row0 ^ ((i · kRowStep) & 7) (row0 < kRowStep, a power of
+  // two, so the bits do not overlap): the same XOR trick as swizzled_chunk_addr.
+  const uint32_t dst0 = ptx::smem_addr(smem) + 2 * swizzled<Config::kHeadDim>(row0, chunk);
+  const auto dst = [&](int i) {
+    return (dst0 ^ uint32_t(((i * kRowStep) & 7) << 4)) + uint32_t(2 * i * kRowStep * Config::kHeadDim);
+  };
+  if (rows_left >= kRows && head_dim == Config::kHeadDim) {
 #pragma unroll
-  for (int i = 0; i < kRows / kRowStep; ++i) {
-    const int row = row0 + i * kRowStep;
-    const bool valid = chunk_valid && row < rows_left;
-    ptx::cp_async_16(base + 2 * swizzled<Config::kHeadDim>(row, chunk), valid ? src : gmem, valid ? 16 : 0);
-    src += kRowStep * row_stride;
+    for (int i = 0; i < kRows / kRowStep; ++i) {
+      ptx::cp_async_16(dst(i), src, 16);
+      src += src_step;
+    }
+  } else {
+    const bool chunk_valid = chunk * 8 < head_dim;
+#pragma unroll
+    for (int i = 0; i < kRows / kRowStep; ++i) {
+      const bool valid = chunk_valid && row0 + i * kRowStep < rows_left;
+      ptx::cp_async_16(dst(i), valid ? src : gmem, valid ? 16 : 0);
+      src += src_step;
+    }
   }
 }
 
@@ -111,7 +136,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   constexpr int kMTiles = Config::kMTiles;
   constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per row tile
   constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per row tile
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: see swizzled_chunk_addr
   T* smem_q = reinterpret_cast<T*>(smem_raw);
   T* smem_k = smem_q + Config::kTileQ;  // kKVBuffers buffers each
   T* smem_v = smem_k + Config::kKVBuffers * Config::kTileKV;
@@ -183,24 +208,36 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     load_tile<Config, kBlockN>(dst, v + int64_t(n) * p.v_row_stride, p.v_row_stride, seqlen_k - n, p.head_dim);
   };
 
+  // Prologue: Q and the first K in one cp.async group, the first V (double-buffered) in a second,
+  // so that the first Q Kᵀ waits only for the first group.
   if (num_n_blocks > 0) {
     load_tile<Config, kBlockM>(smem_q, q, p.q_row_stride, seqlen_q - m_start, p.head_dim);
     load_k(smem_k, n_lo);
-    if constexpr (Config::kDoubleBuffer) load_v(smem_v, n_lo);
   }
   ptx::cp_async_commit();
+  if constexpr (Config::kDoubleBuffer) {
+    if (num_n_blocks > 0) load_v(smem_v, n_lo);
+    ptx::cp_async_commit();
+  }
 
-  // ldmatrix row addresses that do not change between key blocks.
-  const int q_lane_row = lane % 16, q_lane_chunk = lane / 16;
-  const int k_lane_row = lane % 8 + (lane / 16) * 8, k_lane_chunk = (lane / 8) % 2;
-  const int v_lane_row = lane % 8 + ((lane / 8) % 2) * 8, v_lane_chunk = lane / 16;
+  // ldmatrix addresses: this lane's row of each fragment, at chunk 0 or 1 (swizzled_chunk_addr
+  // reaches the other chunks). Q: rows warp_row0 + 16 · i + lane % 16; K: key rows 16 · jp + ...;
+  // V (transposed): key rows 16 · kk + ..., head-dim chunks 2 · tp + lane / 16.
+  constexpr uint32_t kRowBytes = 2 * kHeadDim;
+  const uint32_t q_base = ptx::smem_addr(smem_q) + 2 * swizzled<kHeadDim>(warp_row0 + lane % 16, lane / 16);
+  const uint32_t k_base0 = ptx::smem_addr(smem_k) + 2 * swizzled<kHeadDim>(lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+  const uint32_t v_base0 = ptx::smem_addr(smem_v) + 2 * swizzled<kHeadDim>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
 
   for (int it = 0; it < num_n_blocks; ++it) {
     const int n_start = n_lo + it * kBlockN;
     const int buffer = Config::kDoubleBuffer ? it % 2 : 0;
-    const T* smem_k_cur = smem_k + buffer * Config::kTileKV;
-    const T* smem_v_cur = smem_v + buffer * Config::kTileKV;
-    ptx::cp_async_wait<0>();
+    const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
+    const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
+    if (Config::kDoubleBuffer && it == 0) {
+      ptx::cp_async_wait<1>();  // Q and the first K; the first V may still be in flight
+    } else {
+      ptx::cp_async_wait<0>();
+    }
     __syncthreads();  // this block's K (and V) is in shared memory; what the last block read is free
     if constexpr (Config::kDoubleBuffer) {
       if (it + 1 < num_n_blocks) {  // prefetch the next K and V tiles while this one is computed
@@ -224,13 +261,12 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       uint32_t q_frag[kMTiles][4];
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
-        ptx::ldmatrix_x4(q_frag[i], ptx::smem_addr(smem_q + swizzled<kHeadDim>(warp_row0 + 16 * i + q_lane_row,
-                                                                               2 * kk + q_lane_chunk)));
+        ptx::ldmatrix_x4(q_frag[i], swizzled_chunk_addr(q_base, 2 * kk) + 16 * i * kRowBytes);
       }
 #pragma unroll
       for (int jp = 0; jp < kNTiles / 2; ++jp) {
         uint32_t k_frag[4];
-        ptx::ldmatrix_x4(k_frag, ptx::smem_addr(smem_k_cur + swizzled<kHeadDim>(16 * jp + k_lane_row, 2 * kk + k_lane_chunk)));
+        ptx::ldmatrix_x4(k_frag, swizzled_chunk_addr(k_base, 2 * kk) + 16 * jp * kRowBytes);
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i) {
           ptx::mma_16816<T>(s[i][2 * jp], q_frag[i], k_frag[0], k_frag[1]);
@@ -314,6 +350,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       __syncthreads();  // V is in shared memory; every warp is done with K
       if (it + 1 < num_n_blocks) load_k(smem_k, n_start + kBlockN);  // the next K loads while P V runs
       ptx::cp_async_commit();
+    } else if (it == 0) {
+      ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
+      __syncthreads();
     }
 
     // O += P V: P's accumulator layout is already the A-fragment layout (two n8 tiles = one k16).
@@ -330,7 +369,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
 #pragma unroll
       for (int tp = 0; tp < kDTiles / 2; ++tp) {
         uint32_t v_frag[4];
-        ptx::ldmatrix_x4_trans(v_frag, ptx::smem_addr(smem_v_cur + swizzled<kHeadDim>(16 * kk + v_lane_row, 2 * tp + v_lane_chunk)));
+        ptx::ldmatrix_x4_trans(v_frag, swizzled_chunk_addr(v_base, 2 * tp) + 16 * kk * kRowBytes);
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i) {
           ptx::mma_16816<T>(acc_o[i][2 * tp], p_frag[i], v_frag[0], v_frag[1]);
