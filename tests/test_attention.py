@@ -62,11 +62,14 @@ def test_head_dims(dtype, head_dim):
 @pytest.mark.parametrize("kwargs", [{"window_size": (64, 0)}, {"window_size": (-1, 17)}, {"window_size": (3, 3)},
                                     {"window_size": (0, 0)}, {"softcap": 30.0}, {"softcap": 5.0, "causal": True},
                                     {"softcap": 5.0, "window_size": (100, 10)}, {"softmax_scale": 0.02},
-                                    {"causal": True, "window_size": (128, -1)}])
+                                    {"causal": True, "window_size": (128, -1)},
+                                    {"window_size": (2**40, 2**33)}, {"causal": True, "window_size": (2**31, 2**31)}])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_windows_softcap_scale(dtype, kwargs):
+    # Windows past int32 must mean "unbounded", not wrap around.
     check(*make(2, 333, 500, 6, 3, 64, dtype), **kwargs)
     check(*make(1, 500, 333, 6, 6, 128, dtype), **kwargs)
+    check(*make(1, 300, 700, 4, 2, 256, dtype), **kwargs)
 
 
 @requires_cuda

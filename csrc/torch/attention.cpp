@@ -77,7 +77,7 @@ void check_options(const char* fn, int64_t window_left, int64_t window_right, do
 flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
                                      at::Tensor& lse, int64_t heads, int64_t heads_kv, int64_t head_dim, bool causal,
                                      std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
-                                     double softcap) {
+                                     double softcap, int64_t seqlen_q, int64_t seqlen_k) {
   flashext::FlashFwdParams p;
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -89,8 +89,11 @@ flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, c
   p.head_dim = int(head_dim);
   p.softmax_scale = float(softmax_scale.has_value() ? *softmax_scale : 1.0 / std::sqrt(double(head_dim)));
   p.softcap = float(softcap);
-  p.window_left = int(window_left);
-  p.window_right = causal ? 0 : int(window_right);
+  // A window at least Sq + Sk wide hides nothing: unbounded (-1), which also keeps the kernel's
+  // int arithmetic on row + window from overflowing for huge windows.
+  const auto window = [&](int64_t w) { return w >= seqlen_q + seqlen_k ? -1 : int(w); };
+  p.window_left = window(window_left);
+  p.window_right = causal ? 0 : window(window_right);
   p.dtype = to_kernel_dtype(q.scalar_type());
   return p;
 }
@@ -107,7 +110,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const 
   const c10::cuda::CUDAGuard guard(q_in.device());
   const auto [q, k, v] = aligned_rows(q_in, k_in, v_in);
   flashext::FlashFwdParams p = base_params(q, k, v, out, lse, heads, heads_kv, head_dim, causal, softmax_scale,
-                                           window_left, window_right, softcap);
+                                           window_left, window_right, softcap, seqlen_q, seqlen_k);
   p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
   p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
   p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
@@ -149,7 +152,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   const c10::cuda::CUDAGuard guard(q_in.device());
   const auto [q, k, v] = aligned_rows(q_in, k_in, v_in);
   flashext::FlashFwdParams p = base_params(q, k, v, out, lse, heads, heads_kv, head_dim, causal, softmax_scale,
-                                           window_left, window_right, softcap);
+                                           window_left, window_right, softcap, max_seqlen_q, max_seqlen_k);
   p.q_row_stride = q.stride(0), p.q_head_stride = q.stride(1);
   p.k_row_stride = k.stride(0), p.k_head_stride = k.stride(1);
   p.v_row_stride = v.stride(0), p.v_head_stride = v.stride(1);

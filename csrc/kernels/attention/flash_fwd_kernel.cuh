@@ -21,8 +21,10 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/online_softmax.h"
 #include "../common/ptx.cuh"
@@ -136,6 +138,13 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   constexpr int kMTiles = Config::kMTiles;
   constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per row tile
   constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per row tile
+  // Partial row maxima / sums per row (a power of two); two at D = 64, whose 128-key S tile
+  // leaves no registers for more.
+#ifdef FLASHEXT_FWD_ROW_PARTS
+  constexpr int kParts = FLASHEXT_FWD_ROW_PARTS;  // experiments: 1 is a single chain
+#else
+  constexpr int kParts = kNTiles < 4 ? kNTiles : kHeadDim == 64 ? 2 : 4;
+#endif
   extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: see swizzled_chunk_addr
   T* smem_q = reinterpret_cast<T*>(smem_raw);
   T* smem_k = smem_q + Config::kTileQ;  // kKVBuffers buffers each
@@ -288,19 +297,35 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
                             (p.window_right < 0 || n_start + kBlockN - 1 <= m_start + diag + p.window_right) &&
                             (p.window_left < 0 || n_start >= m_last + diag - p.window_left);
     if (!full_block) {
+      // Per row, the visible columns are [left, right) (bottom-right or top-left aligned through
+      // diag; the glue turns windows of Sq + Sk or more into -1, so none of this overflows).
+      // Taken relative to this thread's first column, each element is one compare against a
+      // constant per bound after unrolling.
+      // Without a left window edge (causal, or the sequence end) the left test is compiled out.
+      const int col0 = n_start + 2 * quad;
+      const auto mask = [&](auto with_left) {
+        constexpr bool kWithLeft = decltype(with_left)::value;
 #pragma unroll
-      for (int i = 0; i < kMTiles; ++i) {
+        for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
-        for (int j = 0; j < kNTiles; ++j) {
+          for (int r = 0; r < 2; ++r) {
+            const int row = m_start + warp_row0 + 16 * i + group + 8 * r;
+            const int right = (p.window_right < 0 ? seqlen_k : min(seqlen_k, row + diag + p.window_right + 1)) - col0;
+            const int left = row + diag - p.window_left - col0;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = m_start + warp_row0 + 16 * i + group + (e / 2) * 8;
-            const int col = n_start + 8 * j + 2 * quad + e % 2;
-            const bool visible = col < seqlen_k && (p.window_left < 0 || col >= row + diag - p.window_left) &&
-                                 (p.window_right < 0 || col <= row + diag + p.window_right);
-            if (!visible) s[i][j][e] = -INFINITY;
+            for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                if (8 * j + e >= right || (kWithLeft && 8 * j + e < left)) s[i][j][2 * r + e] = -INFINITY;
+              }
+            }
           }
         }
+      };
+      if (p.window_left < 0) {
+        mask(std::false_type{});
+      } else {
+        mask(std::true_type{});
       }
     }
 
@@ -311,24 +336,35 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       float row_alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float tile_max = -INFINITY;
+        // Maxima and sums over kParts interleaved chains, then a tree (short dependency chains
+        // instead of one long one; more partials cost registers the D = 64 tile does not have).
+        float part[kParts];
 #pragma unroll
-        for (int j = 0; j < kNTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
+        for (int j = 0; j < kParts; ++j) part[j] = fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]);
+#pragma unroll
+        for (int j = kParts; j < kNTiles; ++j) part[j % kParts] = fmaxf(part[j % kParts], fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
+#pragma unroll
+        for (int w = kParts / 2; w >= 1; w /= 2)
+#pragma unroll
+          for (int j = 0; j < w; ++j) part[j] = fmaxf(part[j], part[j + w]);
+        float tile_max = part[0];
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
         const float new_max = fmaxf(row_max[i][r], tile_max * score_scale);
         const float alpha = rescale_factor(row_max[i][r], new_max);  // 2^(m_old − m_new), 0 if empty
         const float base = safe_row_max(new_max);
-        float tile_sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            s[i][j][e] = ptx::exp2_approx(fmaf(s[i][j][e], score_scale, -base));  // −inf → 0
-            tile_sum += s[i][j][e];
-          }
+          for (int e = 2 * r; e < 2 * r + 2; ++e) s[i][j][e] = ptx::exp2_approx(fmaf(s[i][j][e], score_scale, -base));  // −inf → 0
+          const float pair = s[i][j][2 * r] + s[i][j][2 * r + 1];
+          part[j % kParts] = j < kParts ? pair : part[j % kParts] + pair;
         }
-        row_sum[i][r] = row_sum[i][r] * alpha + tile_sum;
+#pragma unroll
+        for (int w = kParts / 2; w >= 1; w /= 2)
+#pragma unroll
+          for (int j = 0; j < w; ++j) part[j] += part[j + w];
+        row_sum[i][r] = row_sum[i][r] * alpha + part[0];
         row_max[i][r] = new_max;
         row_alpha[r] = alpha;
       }
