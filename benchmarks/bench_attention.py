@@ -33,6 +33,7 @@ from flashext.triton_ref import attention as twin  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 CHECK_ROWS = 256
+ROUNDS = 3  # timing rounds per grid point, implementations interleaved
 
 
 def sdpa_backend(backend):
@@ -100,17 +101,25 @@ def section_fwd(rows, quick: bool):
                     flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
                     row = {"section": "fwd", "dtype": dname, "head_dim": head_dim, "causal": causal,
                            "seqlen": seqlen, "batch": batch, "heads": heads, "flops": flops}
+                    timed = {}
                     for name, (fn, layout) in impls.items():
                         args = layouts[layout]
                         try:
                             out = fn(*args, causal)
                             out_bshd = out if layout == "bshd" else out.transpose(1, 2)
                             verdict = judge(name, out_bshd[:, tail], want, base)
-                            ms = bench_ms(lambda: fn(*args, causal))
-                            row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "valid": verdict.ok,
-                                         "error": verdict.error, "allowed": verdict.allowed}
+                            row[name] = {"valid": verdict.ok, "error": verdict.error, "allowed": verdict.allowed}
+                            timed[name] = (lambda fn=fn, args=args: fn(*args, causal), [])
                         except Exception as exc:  # an anchor that does not run here: say so, keep going
                             row[name] = {"error_message": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                    # Interleaved rounds (A B C, A B C, ...), the median of the rounds' medians: a
+                    # drift of clocks or power during the point affects every implementation alike.
+                    for _ in range(ROUNDS):
+                        for name, (call, times) in timed.items():
+                            times.append(bench_ms(call, warmup=10, rep=40))
+                    for name, (call, times) in timed.items():
+                        ms = statistics.median(times)
+                        row[name].update(ms=ms, tflops=flops / ms / 1e9, rounds_ms=times)
                     rows.append(row)
                     print_row(row)
                     del q, k, v, layouts, want, base

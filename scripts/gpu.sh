@@ -68,6 +68,8 @@ profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash
     --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis_Tables $PY benchmarks/profile_attention.py || return 1
   ncu -i "$OUT/attention_profile.ncu-rep" --page details >"$OUT/attention_profile.txt"
+  ncu -i "$OUT/attention_profile.ncu-rep" --page raw --csv \
+    --metrics "regex:smsp__average_warps?_issue_stalled_.*_per_issue_active.ratio" >"$OUT/attention_stalls.csv"
 }
 
 ab() {

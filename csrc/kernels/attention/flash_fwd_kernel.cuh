@@ -138,13 +138,6 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   constexpr int kMTiles = Config::kMTiles;
   constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per row tile
   constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per row tile
-  // Partial row maxima / sums per row (a power of two); two at D = 64, whose 128-key S tile
-  // leaves no registers for more.
-#ifdef FLASHEXT_FWD_ROW_PARTS
-  constexpr int kParts = FLASHEXT_FWD_ROW_PARTS;  // experiments: 1 is a single chain
-#else
-  constexpr int kParts = kNTiles < 4 ? kNTiles : kHeadDim == 64 ? 2 : 4;
-#endif
   extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: see swizzled_chunk_addr
   T* smem_q = reinterpret_cast<T*>(smem_raw);
   T* smem_k = smem_q + Config::kTileQ;  // kKVBuffers buffers each
@@ -336,35 +329,26 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       float row_alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        // Maxima and sums over kParts interleaved chains, then a tree (short dependency chains
-        // instead of one long one; more partials cost registers the D = 64 tile does not have).
-        float part[kParts];
+        // One chain per row for the max and the sum: measured level with or slightly ahead of
+        // 2-4 interleaved partial chains plus a tree (docs/notes/attention.md, v4).
+        float tile_max = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < kParts; ++j) part[j] = fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]);
-#pragma unroll
-        for (int j = kParts; j < kNTiles; ++j) part[j % kParts] = fmaxf(part[j % kParts], fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
-#pragma unroll
-        for (int w = kParts / 2; w >= 1; w /= 2)
-#pragma unroll
-          for (int j = 0; j < w; ++j) part[j] = fmaxf(part[j], part[j + w]);
-        float tile_max = part[0];
+        for (int j = 0; j < kNTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
         const float new_max = fmaxf(row_max[i][r], tile_max * score_scale);
         const float alpha = rescale_factor(row_max[i][r], new_max);  // 2^(m_old − m_new), 0 if empty
         const float base = safe_row_max(new_max);
+        float tile_sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) s[i][j][e] = ptx::exp2_approx(fmaf(s[i][j][e], score_scale, -base));  // −inf → 0
-          const float pair = s[i][j][2 * r] + s[i][j][2 * r + 1];
-          part[j % kParts] = j < kParts ? pair : part[j % kParts] + pair;
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            s[i][j][e] = ptx::exp2_approx(fmaf(s[i][j][e], score_scale, -base));  // −inf → 0
+            tile_sum += s[i][j][e];
+          }
         }
-#pragma unroll
-        for (int w = kParts / 2; w >= 1; w /= 2)
-#pragma unroll
-          for (int j = 0; j < w; ++j) part[j] += part[j + w];
-        row_sum[i][r] = row_sum[i][r] * alpha + part[0];
+        row_sum[i][r] = row_sum[i][r] * alpha + tile_sum;
         row_max[i][r] = new_max;
         row_alpha[r] = alpha;
       }
