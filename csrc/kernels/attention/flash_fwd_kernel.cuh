@@ -45,6 +45,9 @@
 #ifndef FLASHEXT_FWD_D128_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D128_DOUBLE_BUFFER 1
 #endif
+#ifndef FLASHEXT_FWD_EARLY_K  // single-buffered: issue the next K before the softmax (1) or after (0)
+#define FLASHEXT_FWD_EARLY_K 0
+#endif
 #ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
 #endif
@@ -277,6 +280,16 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       }
     }
 
+    // Single-buffered: wait for V and release K right after Q Kᵀ, so the next K loads under the
+    // softmax and P V (FlashAttention-2's order; the other order loads it under P V only).
+    const auto next_k_early = [&] {
+      ptx::cp_async_wait<0>();
+      __syncthreads();  // V is in shared memory; every warp is done with K
+      if (it + 1 < num_n_blocks) load_k(smem_k, n_start + kBlockN);
+      ptx::cp_async_commit();
+    };
+    if constexpr (!Config::kDoubleBuffer && FLASHEXT_FWD_EARLY_K) next_k_early();
+
     // Soft-cap (rare: a uniform branch), then the mask, only on blocks that cross a boundary.
     if (softcap_on) {
 #pragma unroll
@@ -365,12 +378,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       }
     }
 
-    if constexpr (!Config::kDoubleBuffer) {
-      ptx::cp_async_wait<0>();
-      __syncthreads();  // V is in shared memory; every warp is done with K
-      if (it + 1 < num_n_blocks) load_k(smem_k, n_start + kBlockN);  // the next K loads while P V runs
-      ptx::cp_async_commit();
-    } else if (it == 0) {
+    if constexpr (!Config::kDoubleBuffer && !FLASHEXT_FWD_EARLY_K) {
+      next_k_early();  // here: V has had Q Kᵀ and the softmax to arrive; the next K loads under P V
+    } else if (Config::kDoubleBuffer && it == 0) {
       ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
       __syncthreads();
     }
