@@ -48,6 +48,9 @@
 #ifndef FLASHEXT_FWD_EARLY_K  // single-buffered: issue the next K before the softmax (1) or after (0)
 #define FLASHEXT_FWD_EARLY_K 0
 #endif
+#ifndef FLASHEXT_FWD_V0_IN_PROLOGUE  // single-buffered: the first V loads in the prologue (1) or under the first Q Kᵀ (0)
+#define FLASHEXT_FWD_V0_IN_PROLOGUE 1
+#endif
 #ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
 #endif
@@ -213,17 +216,16 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     load_tile<Config, kBlockN>(dst, v + int64_t(n) * p.v_row_stride, p.v_row_stride, seqlen_k - n, p.head_dim);
   };
 
-  // Prologue: Q and the first K in one cp.async group, the first V (double-buffered) in a second,
-  // so that the first Q Kᵀ waits only for the first group.
+  // Prologue: Q and the first K in one cp.async group, the first V in a second, so that the first
+  // Q Kᵀ waits only for the first group.
   if (num_n_blocks > 0) {
     load_tile<Config, kBlockM>(smem_q, q, p.q_row_stride, seqlen_q - m_start, p.head_dim);
     load_k(smem_k, n_lo);
   }
   ptx::cp_async_commit();
-  if constexpr (Config::kDoubleBuffer) {
-    if (num_n_blocks > 0) load_v(smem_v, n_lo);
-    ptx::cp_async_commit();
-  }
+  constexpr bool kV0InPrologue = Config::kDoubleBuffer || FLASHEXT_FWD_V0_IN_PROLOGUE;
+  if (kV0InPrologue && num_n_blocks > 0) load_v(smem_v, n_lo);
+  ptx::cp_async_commit();
 
   // ldmatrix addresses: this lane's row of each fragment, at chunk 0 or 1 (swizzled_chunk_addr
   // reaches the other chunks). Q: rows warp_row0 + 16 · i + lane % 16; K: key rows 16 · jp + ...;
@@ -238,7 +240,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     const int buffer = Config::kDoubleBuffer ? it % 2 : 0;
     const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
     const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
-    if (Config::kDoubleBuffer && it == 0) {
+    if (kV0InPrologue && it == 0) {
       ptx::cp_async_wait<1>();  // Q and the first K; the first V may still be in flight
     } else {
       ptx::cp_async_wait<0>();
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         load_k(smem_k + other * Config::kTileKV, n_start + kBlockN);
         load_v(smem_v + other * Config::kTileKV, n_start + kBlockN);
       }
-    } else {  // this block's V loads while Q Kᵀ runs
+    } else if (!kV0InPrologue || it > 0) {  // this block's V loads while Q Kᵀ runs (the first V may have left in the prologue)
       load_v(smem_v, n_start);
     }
     ptx::cp_async_commit();
