@@ -45,11 +45,15 @@
 #ifndef FLASHEXT_FWD_D128_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D128_DOUBLE_BUFFER 1
 #endif
-#ifndef FLASHEXT_FWD_EARLY_K  // single-buffered: issue the next K before the softmax (1) or after (0)
+// Single-buffered (D = 256) orderings, both measured slower than the defaults (0) in same-run A/Bs
+// (docs/notes/attention.md, v4): the next K issued before the softmax (1: FlashAttention-2's order,
+// +1-3% at S >= 8K, -1.5% at S <= 1K), and the first V loaded in the prologue (1: -3 to -5%
+// everywhere, with 249 instead of 242 registers).
+#ifndef FLASHEXT_FWD_EARLY_K
 #define FLASHEXT_FWD_EARLY_K 0
 #endif
-#ifndef FLASHEXT_FWD_V0_IN_PROLOGUE  // single-buffered: the first V loads in the prologue (1) or under the first Q Kᵀ (0)
-#define FLASHEXT_FWD_V0_IN_PROLOGUE 1
+#ifndef FLASHEXT_FWD_V0_IN_PROLOGUE
+#define FLASHEXT_FWD_V0_IN_PROLOGUE 0
 #endif
 #ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
