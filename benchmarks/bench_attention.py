@@ -33,7 +33,6 @@ from flashext.triton_ref import attention as twin  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 CHECK_ROWS = 256
-ROUNDS = 3  # timing rounds per grid point, implementations interleaved
 
 
 def sdpa_backend(backend):
@@ -112,11 +111,14 @@ def section_fwd(rows, quick: bool):
                             timed[name] = (lambda fn=fn, args=args: fn(*args, causal), [])
                         except Exception as exc:  # an anchor that does not run here: say so, keep going
                             row[name] = {"error_message": f"{type(exc).__name__}: {str(exc)[:200]}"}
-                    # Interleaved rounds (A B C, A B C, ...), the median of the rounds' medians: a
-                    # drift of clocks or power during the point affects every implementation alike.
-                    for _ in range(ROUNDS):
-                        for name, (call, times) in timed.items():
-                            times.append(bench_ms(call, warmup=10, rep=40))
+                    # One round per implementation, each round starting one implementation later
+                    # (A B C, B C A, C A B), and the median of the rounds: a drift of clocks or
+                    # power during the point, or a slow kernel just before, affects all alike.
+                    names = list(timed)
+                    for start in range(len(names)):
+                        for name in names[start:] + names[:start]:
+                            call, times = timed[name]
+                            times.append(bench_ms(call, warmup=10, rep=30))
                     for name, (call, times) in timed.items():
                         ms = statistics.median(times)
                         row[name].update(ms=ms, tflops=flops / ms / 1e9, rounds_ms=times)

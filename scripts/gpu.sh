@@ -79,7 +79,7 @@ ab() {
     name=${spec%%:*}
     echo "=== variant $name: ${spec#*:}"
     FLASHEXT_NVCC_FLAGS="${spec#*:}" build >/dev/null || return 1
-    OUT=$OUT/ab_$name $PY benchmarks/bench_attention.py --only fwd | grep -E "^  (vs|(fp16|bf16) D=)" || return 1
+    OUT=$OUT/ab_$name FLASHEXT_BENCH_VARIANT="$name: ${spec#*:}" $PY benchmarks/bench_attention.py --only fwd | grep -E "^  (vs|(fp16|bf16) D=)" || return 1
   done
   build >/dev/null
 }
