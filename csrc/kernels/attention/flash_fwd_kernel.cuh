@@ -52,6 +52,11 @@
 #ifndef FLASHEXT_FWD_EARLY_K
 #define FLASHEXT_FWD_EARLY_K 0
 #endif
+// Rescale the accumulator on every key block (1), without the vote and branch that skip it when no
+// row maximum moved (0): one basic block from the softmax into P V, which the scheduler may interleave.
+#ifndef FLASHEXT_FWD_RESCALE_ALWAYS
+#define FLASHEXT_FWD_RESCALE_ALWAYS 0
+#endif
 #ifndef FLASHEXT_FWD_V0_IN_PROLOGUE
 #define FLASHEXT_FWD_V0_IN_PROLOGUE 0
 #endif
@@ -373,7 +378,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       }
       // Once the row maxima settle, most key blocks leave them unchanged: skip the rescale of
       // the accumulator when no row of this tile in the warp moved (a warp-uniform branch).
-      if (__any_sync(0xffffffffu, row_alpha[0] != 1.0f || row_alpha[1] != 1.0f)) {
+      if (FLASHEXT_FWD_RESCALE_ALWAYS || __any_sync(0xffffffffu, row_alpha[0] != 1.0f || row_alpha[1] != 1.0f)) {
 #pragma unroll
         for (int t = 0; t < kDTiles; ++t) {
           acc_o[i][t][0] *= row_alpha[0];
