@@ -45,10 +45,12 @@
 #ifndef FLASHEXT_FWD_D128_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D128_DOUBLE_BUFFER 1
 #endif
-// Single-buffered (D = 256) orderings, both measured slower than the defaults (0) in same-run A/Bs
-// (docs/notes/attention.md, v4): the next K issued before the softmax (1: FlashAttention-2's order,
-// +1-3% at S >= 8K, -1.5% at S <= 1K), and the first V loaded in the prologue (1: -3 to -5%
-// everywhere, with 249 instead of 242 registers).
+// Orderings for A/B runs (docs/notes/attention.md). FLASHEXT_FWD_EARLY_K: wait for V right after
+// Q Kᵀ (single-buffered: and issue the next K there, FlashAttention-2's order; double-buffered:
+// the first block's V), so that nothing but the softmax separates Q Kᵀ from P V. Alone at D = 256
+// it measured +1-3% at S >= 8K, -1.5% at S <= 1K; with FLASHEXT_FWD_RESCALE_ALWAYS +1.7-4.8%
+// except long causal runs (v5 candidate). FLASHEXT_FWD_V0_IN_PROLOGUE (single-buffered: the
+// first V loads in the prologue): -3 to -5% everywhere at D = 256 (249 instead of 242 registers).
 #ifndef FLASHEXT_FWD_EARLY_K
 #define FLASHEXT_FWD_EARLY_K 0
 #endif
@@ -299,7 +301,14 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       if (it + 1 < num_n_blocks) load_k(smem_k, n_start + kBlockN);
       ptx::cp_async_commit();
     };
-    if constexpr (!Config::kDoubleBuffer && FLASHEXT_FWD_EARLY_K) next_k_early();
+    if constexpr (FLASHEXT_FWD_EARLY_K) {
+      if constexpr (!Config::kDoubleBuffer) {
+        next_k_early();
+      } else if (it == 0) {
+        ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
+        __syncthreads();
+      }
+    }
 
     // Soft-cap (rare: a uniform branch), then the mask, only on blocks that cross a boundary.
     if (softcap_on) {
@@ -391,7 +400,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
 
     if constexpr (!Config::kDoubleBuffer && !FLASHEXT_FWD_EARLY_K) {
       next_k_early();  // here: V has had Q Kᵀ and the softmax to arrive; the next K loads under P V
-    } else if (Config::kDoubleBuffer && it == 0) {
+    } else if (Config::kDoubleBuffer && !FLASHEXT_FWD_EARLY_K && it == 0) {
       ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
       __syncthreads();
     }
