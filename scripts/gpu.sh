@@ -8,6 +8,8 @@
 #   FLASHEXT_AB="base:|sb:-DFLASHEXT_FWD_D64_DOUBLE_BUFFER=0"  step ab: rebuild with each variant's
 #                                   nvcc flags, run bench_attention's fwd section (narrowed by the
 #                                   FLASHEXT_BENCH_* variables) into $OUT/ab_NAME; rebuilds the default last
+#   FLASHEXT_AB_CMD="benchmarks/bench_gelu.py --only add,bias"  what each ab variant runs
+#                                   (default: benchmarks/bench_attention.py --only fwd)
 #
 # Logs go to $OUT/gpu.log (or ./gpu_out when OUT is unset), benchmark JSON and plots to $OUT;
 # a summary of every step is printed last and written to $OUT/summary.txt.
@@ -79,7 +81,8 @@ ab() {
     name=${spec%%:*}
     echo "=== variant $name: ${spec#*:}"
     FLASHEXT_NVCC_FLAGS="${spec#*:}" build >/dev/null || return 1
-    OUT=$OUT/ab_$name FLASHEXT_BENCH_VARIANT="$name: ${spec#*:}" $PY benchmarks/bench_attention.py --only fwd | grep -E "^  (vs|(fp16|bf16) D=)" || return 1
+    OUT=$OUT/ab_$name FLASHEXT_BENCH_VARIANT="$name: ${spec#*:}" \
+      $PY ${FLASHEXT_AB_CMD:-benchmarks/bench_attention.py --only fwd} | grep -E "^(summary|  (vs |(fp16|bf16) D=|add |bias))" || return 1
   done
   build >/dev/null
 }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/gelu_math.h"
@@ -54,6 +55,77 @@ TEST(GeluMath, MatchesDoubleReference) {
     EXPECT_LT(worst_grad, 1e-6) << "tanh_form=" << tanh_form;
   }
 }
+
+// normal_parts (the 16-bit forward's Φ, no erff): relative accuracy of the tail Q(|z|) = 1 − Φ(|z|)
+// everywhere it is a normal float — deep in the left tail too, where gelu(z) = z·Φ(z) is tiny but
+// representable in bf16 — and the 16-bit results it feeds never more than one rounding step from
+// the correctly rounded value. The references use erfc: 1 + erf(z/√2) cancels in double as well.
+double ref_upper_tail(double x) { return 0.5 * std::erfc(x / std::sqrt(2.0)); }
+double ref_gelu_erfc(double z) { return z * ref_upper_tail(-z); }
+
+template <typename T>
+double round_to(double v) {
+  if constexpr (std::is_same_v<T, __half>) return double(__half2float(__float2half_rn(float(v))));
+  return double(__bfloat162float(__float2bfloat16_rn(float(v))));
+}
+
+// The distance between neighbouring values of T around |v| (subnormal steps below the normals).
+template <typename T>
+double rounding_step(double v) {
+  constexpr int kMantissa = std::is_same_v<T, __half> ? 10 : 7;
+  constexpr int kMinExponent = std::is_same_v<T, __half> ? -14 : -126;
+  const int exponent = v == 0.0 ? kMinExponent : std::max(kMinExponent, int(std::floor(std::log2(std::abs(v)))));
+  return std::ldexp(1.0, exponent - kMantissa);
+}
+
+TEST(GeluMath, NormalPartsTailIsRelativelyAccurate) {
+  double worst = 0.0;
+  for (int i = 0; i <= 1320000; ++i) {  // |z| in [0, 13.2]: Q(|z|) down to 5e-40 (ex2 flushes below 2^-126)
+    const float x = float(i) * 1e-5f;
+    const double want = ref_upper_tail(x);
+    if (want < 1.2e-38) break;  // past fp32's normal range
+    const double got = flashext::normal_parts(-x).cdf;  // Φ(−x) = Q(x)
+    worst = std::max(worst, std::abs(got - want) / want);
+  }
+  EXPECT_LT(worst, 2e-5);  // the fit: 5e-6; evaluated in fp32: 1.1e-5
+  double worst_cdf = 0.0, worst_pdf = 0.0;
+  for (int i = -1400; i <= 1400; ++i) {
+    const float z = float(i) / 100.0f;
+    const flashext::NormalParts n = flashext::normal_parts(z);
+    worst_cdf = std::max(worst_cdf, std::abs(n.cdf - 0.5 * std::erfc(-z / std::sqrt(2.0))));
+    worst_pdf = std::max(worst_pdf, std::abs(n.pdf - std::exp(-0.5 * double(z) * z) / std::sqrt(2.0 * M_PI)));
+  }
+  EXPECT_LT(worst_cdf, 4e-6);  // at most 5e-6 of Q ≤ ½, plus rounding
+  EXPECT_LT(worst_pdf, 1e-7);
+}
+
+template <typename T>
+void expect_16bit_gelu_within_one_rounding() {
+  // Every bf16/fp16 value of z in [-16, 16]: the rounded gelu_erf_16 against the correctly rounded
+  // double reference, in units of the result's rounding step. (The backward keeps erff: its
+  // Φ(z) + z·φ(z) cancels near z = −0.75, where Φ's absolute error of ~1e-6 would be a few fp16
+  // steps of the tiny result.)
+  int off_by_one = 0, total = 0;
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const uint16_t b16 = uint16_t(bits);
+    T zt;
+    std::memcpy(&zt, &b16, 2);
+    float z;
+    if constexpr (std::is_same_v<T, __half>) z = __half2float(zt); else z = __bfloat162float(zt);
+    if (!std::isfinite(z) || std::abs(z) > 16.0f) continue;
+    const double want = ref_gelu_erfc(z);
+    const double got = round_to<T>(flashext::gelu_erf_16(z));
+    ++total;
+    if (got != round_to<T>(want)) {
+      ++off_by_one;
+      EXPECT_LE(std::abs(got - want), rounding_step<T>(want)) << "z=" << z << ": " << got << " against " << want;
+    }
+  }
+  EXPECT_LT(off_by_one, total / 100) << off_by_one << " of " << total << " results off the correctly rounded value";
+}
+
+TEST(GeluMath, Erf16MatchesCorrectRoundingBf16) { expect_16bit_gelu_within_one_rounding<__nv_bfloat16>(); }
+TEST(GeluMath, Erf16MatchesCorrectRoundingFp16) { expect_16bit_gelu_within_one_rounding<__half>(); }
 
 TEST(GeluMath, TanhPartsHaveExactLimits) {
   EXPECT_EQ(flashext::tanh_parts(1e4f).one_plus_t, 2.0f);

@@ -67,14 +67,21 @@ struct RowColArgs {
   bool tanh_form;
 };
 
-// dst = gelu(z) forward, g · gelu'(z) backward. The form is a template parameter: a runtime
-// branch kept both forms' registers live and cost the 16-bit kernels about 4% (spills).
-template <bool kBackward, bool kTanh>
+// dst = gelu(z) forward, g · gelu'(z) backward, for results of type T. The form is a template
+// parameter: a runtime branch kept both forms' registers live and cost the 16-bit kernels about 4%
+// (spills). With FLASHEXT_GELU_FAST_PHI the exact forward of a 16-bit result goes through
+// normal_parts (one exponential and one reciprocal) instead of erff: an experiment until it has
+// run on the GPU (docs/notes/gelu.md).
+#ifndef FLASHEXT_GELU_FAST_PHI
+#define FLASHEXT_GELU_FAST_PHI 0
+#endif
+template <typename T, bool kBackward, bool kTanh>
 FX_DEVICE float gelu_epilogue(float z, float g) {
+  constexpr bool kFastPhi = FLASHEXT_GELU_FAST_PHI && sizeof(T) == 2;
   if constexpr (kBackward) {
     return g * (kTanh ? gelu_tanh_grad(z) : gelu_erf_grad(z));
   } else {
-    return kTanh ? gelu_tanh(z) : gelu_erf(z);
+    return kTanh ? gelu_tanh(z) : kFastPhi ? gelu_erf_16(z) : gelu_erf(z);
   }
 }
 
@@ -99,7 +106,7 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
     for (int i = 0; i < kVec; ++i) {
       const float z = to_float(x_pack.elem[i]) + to_float(y_pack.elem[i]);  // z = x + y
       const float g = kBackward ? to_float(g_pack.elem[i]) : 0.0f;
-      out.elem[i] = from_float<T>(gelu_epilogue<kBackward, kTanh>(z, g));
+      out.elem[i] = from_float<T>(gelu_epilogue<T, kBackward, kTanh>(z, g));
     }
     store_pack<T, kVec>(dst, pack, out);
   }
@@ -110,7 +117,7 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
     if (index < args.n) {
       const float z = to_float(x[index]) + to_float(y[index]);
       const float g = kBackward ? to_float(grad_out[index]) : 0.0f;
-      dst[index] = from_float<T>(gelu_epilogue<kBackward, kTanh>(z, g));
+      dst[index] = from_float<T>(gelu_epilogue<T, kBackward, kTanh>(z, g));
     }
   }
 }
@@ -172,7 +179,7 @@ __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThrea
           for (int i = 0; i < kVec; ++i) {
             const float z = to_float(x_pack[u].elem[i]) + bias[i];  // z = x + bias
             const float g = kBackward ? to_float(g_pack[u].elem[i]) : 0.0f;
-            const float value = gelu_epilogue<kBackward, kTanh>(z, g);
+            const float value = gelu_epilogue<T, kBackward, kTanh>(z, g);
             out.elem[i] = from_float<T>(value);
             if constexpr (kBackward) bias_grad[i] += value;  // fp32, before rounding to T
           }
