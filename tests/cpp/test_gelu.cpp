@@ -62,6 +62,7 @@ TEST(GeluMath, MatchesDoubleReference) {
 // the correctly rounded value. The references use erfc: 1 + erf(z/√2) cancels in double as well.
 double ref_upper_tail(double x) { return 0.5 * std::erfc(x / std::sqrt(2.0)); }
 double ref_gelu_erfc(double z) { return z * ref_upper_tail(-z); }
+double ref_gelu_erfc_grad(double z) { return ref_upper_tail(-z) + z * std::exp(-0.5 * z * z) / std::sqrt(2.0 * M_PI); }
 
 template <typename T>
 double round_to(double v) {
@@ -88,6 +89,12 @@ TEST(GeluMath, NormalPartsTailIsRelativelyAccurate) {
     worst = std::max(worst, std::abs(got - want) / want);
   }
   EXPECT_LT(worst, 2e-5);  // the fit: 5e-6; evaluated in fp32: 1.1e-5
+  double worst_precise = 0.0;
+  for (int i = 0; i <= 300000; ++i) {  // where Φ is large and gelu' cancels: absolute error
+    const float x = float(i) * 1e-5f;
+    worst_precise = std::max(worst_precise, std::abs(flashext::normal_parts_precise(-x).cdf - ref_upper_tail(x)));
+  }
+  EXPECT_LT(worst_precise, 3e-7);
   double worst_cdf = 0.0, worst_pdf = 0.0;
   for (int i = -1400; i <= 1400; ++i) {
     const float z = float(i) / 100.0f;
@@ -101,10 +108,8 @@ TEST(GeluMath, NormalPartsTailIsRelativelyAccurate) {
 
 template <typename T>
 void expect_16bit_gelu_within_one_rounding() {
-  // Every bf16/fp16 value of z in [-16, 16]: the rounded gelu_erf_16 against the correctly rounded
-  // double reference, in units of the result's rounding step. (The backward keeps erff: its
-  // Φ(z) + z·φ(z) cancels near z = −0.75, where Φ's absolute error of ~1e-6 would be a few fp16
-  // steps of the tiny result.)
+  // Every bf16/fp16 value of z in [-16, 16]: the rounded gelu_erf_16 and gelu_erf_16_grad against
+  // the correctly rounded double reference, in units of the result's rounding step.
   int off_by_one = 0, total = 0;
   for (uint32_t bits = 0; bits < 65536; ++bits) {
     const uint16_t b16 = uint16_t(bits);
@@ -113,12 +118,15 @@ void expect_16bit_gelu_within_one_rounding() {
     float z;
     if constexpr (std::is_same_v<T, __half>) z = __half2float(zt); else z = __bfloat162float(zt);
     if (!std::isfinite(z) || std::abs(z) > 16.0f) continue;
-    const double want = ref_gelu_erfc(z);
-    const double got = round_to<T>(flashext::gelu_erf_16(z));
-    ++total;
-    if (got != round_to<T>(want)) {
-      ++off_by_one;
-      EXPECT_LE(std::abs(got - want), rounding_step<T>(want)) << "z=" << z << ": " << got << " against " << want;
+    for (int grad = 0; grad < 2; ++grad) {
+      const double want = grad ? ref_gelu_erfc_grad(z) : ref_gelu_erfc(z);
+      const double got = round_to<T>(grad ? flashext::gelu_erf_16_grad(z) : flashext::gelu_erf_16(z));
+      ++total;
+      if (got != round_to<T>(want)) {
+        ++off_by_one;
+        EXPECT_LE(std::abs(got - want), rounding_step<T>(want)) << "z=" << z << " grad=" << grad << ": " << got
+                                                                << " against " << want;
+      }
     }
   }
   EXPECT_LT(off_by_one, total / 100) << off_by_one << " of " << total << " results off the correctly rounded value";

@@ -69,9 +69,9 @@ struct RowColArgs {
 
 // dst = gelu(z) forward, g · gelu'(z) backward, for results of type T. The form is a template
 // parameter: a runtime branch kept both forms' registers live and cost the 16-bit kernels about 4%
-// (spills). With FLASHEXT_GELU_FAST_PHI the exact forward of a 16-bit result goes through
-// normal_parts (one exponential and one reciprocal) instead of erff: an experiment until it has
-// run on the GPU (docs/notes/gelu.md).
+// (spills). With FLASHEXT_GELU_FAST_PHI the exact form of a 16-bit result goes through
+// normal_parts (one exponential and one reciprocal; the backward's φ shares the exponential)
+// instead of erff: an experiment until it has run on the GPU (docs/notes/gelu.md).
 #ifndef FLASHEXT_GELU_FAST_PHI
 #define FLASHEXT_GELU_FAST_PHI 0
 #endif
@@ -79,7 +79,7 @@ template <typename T, bool kBackward, bool kTanh>
 FX_DEVICE float gelu_epilogue(float z, float g) {
   constexpr bool kFastPhi = FLASHEXT_GELU_FAST_PHI && sizeof(T) == 2;
   if constexpr (kBackward) {
-    return g * (kTanh ? gelu_tanh_grad(z) : gelu_erf_grad(z));
+    return g * (kTanh ? gelu_tanh_grad(z) : kFastPhi ? gelu_erf_16_grad(z) : gelu_erf_grad(z));
   } else {
     return kTanh ? gelu_tanh(z) : kFastPhi ? gelu_erf_16(z) : gelu_erf(z);
   }
