@@ -72,6 +72,7 @@ profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash
   ncu -i "$OUT/attention_profile.ncu-rep" --page details >"$OUT/attention_profile.txt"
   ncu -i "$OUT/attention_profile.ncu-rep" --page raw --csv \
     --metrics "regex:smsp__average_warps?_issue_stalled_.*_per_issue_active.ratio" >"$OUT/attention_stalls.csv"
+  $PY benchmarks/ncu_stalls.py "$OUT/attention_stalls.csv" | tee "$OUT/attention_stalls.txt"
 }
 
 ab() {

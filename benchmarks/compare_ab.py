@@ -1,0 +1,57 @@
+"""Compare two bench_attention runs point by point (an A/B from `scripts/gpu.sh ab`).
+
+    python benchmarks/compare_ab.py A.json B.json [--anchor sdpa_flash]
+
+For every forward grid point in both files: each run's flashext / anchor ratio (the anchor timed
+in the same run), and B's flashext time against A's (how much the change itself moved, with the
+anchor's own drift between the runs beside it as the noise to judge it by). Medians last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+
+def load(path: str) -> tuple[dict, dict]:
+    payload = json.load(open(path))
+    rows = {(r["dtype"], r["head_dim"], r["causal"], r["seqlen"]): r
+            for r in payload["rows"] if r["section"] == "fwd" and "tflops" in r.get("flashext", {})}
+    return payload["meta"], rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a")
+    parser.add_argument("b")
+    parser.add_argument("--anchor", default="sdpa_flash")
+    args = parser.parse_args()
+    meta_a, rows_a = load(args.a)
+    meta_b, rows_b = load(args.b)
+    for name, meta in (("A", meta_a), ("B", meta_b)):
+        print(f"{name}: commit {meta.get('commit', '?')}, variant {meta.get('variant', 'default')}")
+    print(f"\n{'point':28} {'A/' + args.anchor:>14} {'B/' + args.anchor:>14} {'B/A ours':>9} {'B/A anchor':>11}")
+    ratio_a, ratio_b, moved, drift = [], [], [], []
+    for key in sorted(set(rows_a) & set(rows_b)):
+        a, b = rows_a[key], rows_b[key]
+        if "tflops" not in a.get(args.anchor, {}) or "tflops" not in b.get(args.anchor, {}):
+            continue
+        ratio_a.append(a["flashext"]["tflops"] / a[args.anchor]["tflops"])
+        ratio_b.append(b["flashext"]["tflops"] / b[args.anchor]["tflops"])
+        moved.append(b["flashext"]["tflops"] / a["flashext"]["tflops"])
+        drift.append(b[args.anchor]["tflops"] / a[args.anchor]["tflops"])
+        dtype, head_dim, causal, seqlen = key
+        label = f"{dtype} D={head_dim:3d} {'causal' if causal else 'full  '} S={seqlen:5d}"
+        print(f"{label:28} {ratio_a[-1]:14.3f} {ratio_b[-1]:14.3f} {moved[-1]:9.3f} {drift[-1]:11.3f}")
+    if not moved:
+        print("no common grid points")
+        return
+    print(f"\n{len(moved)} points. vs {args.anchor}: A worst {min(ratio_a):.3f} median {statistics.median(ratio_a):.3f}; "
+          f"B worst {min(ratio_b):.3f} median {statistics.median(ratio_b):.3f}")
+    print(f"B over A (ours): median {statistics.median(moved):.3f}, range {min(moved):.3f}-{max(moved):.3f}; "
+          f"the anchor's drift: median {statistics.median(drift):.3f}, range {min(drift):.3f}-{max(drift):.3f}")
+
+
+if __name__ == "__main__":
+    main()
