@@ -12,9 +12,11 @@
 // buffered with cp.async; single-buffered at D = 256), all 16-bit: 80 KiB at D = 64, 96 KiB at
 // 128 and at 256 (two blocks per SM).
 // Rows are stored with a 16-byte-chunk XOR swizzle (chunk c of row r at c ^ (r % 8)), so the 8
-// row addresses of every ldmatrix hit 8 different bank groups.
-// Only key blocks that cross the sequence end, the causal diagonal or a window edge are masked;
-// soft-capping is a uniform branch. O leaves through shared memory in 16-byte row chunks.
+// row addresses of every ldmatrix hit 8 different bank groups; each fragment's address is one
+// per-operand base XOR a constant (swizzled_chunk_addr). Whole tiles load without predicates.
+// Only key blocks that cross the sequence end, the causal diagonal or a window edge are masked,
+// one compare per element against per-row column bounds; soft-capping is a uniform branch. O
+// leaves through shared memory in 16-byte row chunks.
 // Constraints: kHeadDim ∈ {64, 128, 256}; the actual head_dim ≤ kHeadDim, a multiple of 8 (the
 // rest of each row is zero-filled); 16-byte aligned rows.
 #pragma once
@@ -32,7 +34,7 @@
 
 // Tuning knobs (warps and keys per block at D = 256; K/V double buffering per head dim), set
 // through FLASHEXT_NVCC_FLAGS for experiments; the defaults are the measured best
-// (docs/notes/attention.md). Single buffering at D ≤ 128 is untried.
+// (docs/notes/attention.md). Single buffering at D ≤ 128 measured level or slower (v4 A/B).
 #ifndef FLASHEXT_FWD_D256_WARPS
 #define FLASHEXT_FWD_D256_WARPS 4
 #endif
