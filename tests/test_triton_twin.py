@@ -44,3 +44,29 @@ def test_twin_bias_gelu(dtype, approximate, shape):
     base_x = torch.ops.aten.gelu_backward(g, x + b, approximate=approximate)
     assert_close("twin bias_gelu grad_x", grad_x, want_x, base_x, GRADIENT_FACTOR)
     assert_close("twin bias_gelu grad_bias", grad_bias, want_bias, base_x.reshape(-1, shape[-1]).sum(0), GRADIENT_FACTOR)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_twin_fast_phi(dtype, monkeypatch):
+    """The erff-free Φ for 16-bit results (FAST_PHI_16BIT, off by default like the CUDA knob), forward
+    and backward, by the tolerance rule; inputs reach deep into both tails."""
+    monkeypatch.setattr(twin, "FAST_PHI_16BIT", True)
+    x, y, g = randn(5000, dtype=dtype, scale=4.0), randn(5000, dtype=dtype, scale=4.0), randn(5000, dtype=dtype, scale=1.0)
+    assert_close("twin add_gelu fast Φ", twin.add_gelu(x, y), ref.add_gelu(x, y), F.gelu(x + y))
+    assert_close("twin add_gelu fast Φ grad", twin.add_gelu_backward(g, x, y), ref.add_gelu_backward(g, x, y),
+                 torch.ops.aten.gelu_backward(g, x + y), GRADIENT_FACTOR)
+    # Stricter than the rule: within one rounding step of the exact value, element by element, where
+    # that value is a normal fp32 number (below 2^-126 the device's ex2 flushes φ to zero).
+    z = x.double() + y.double()
+    exact_fwd = z * 0.5 * torch.special.erfc(-z / 2**0.5)
+    exact_grad = 0.5 * torch.special.erfc(-z / 2**0.5) + z * torch.exp(-0.5 * z * z) / (2 * torch.pi) ** 0.5
+    for got, exact in ((twin.add_gelu(x, y), exact_fwd), (twin.add_gelu_backward(torch.ones_like(x), x, y), exact_grad)):
+        mantissa, min_exponent = (10, -14) if dtype == torch.float16 else (7, -126)
+        step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(2.0**min_exponent))) - mantissa)
+        normal = exact.abs() >= 2.0**-126
+        assert ((got.double() - exact).abs() <= step)[normal].all()
+    xb, b, gb = randn(37, 300, dtype=dtype, scale=4.0), randn(300, dtype=dtype), randn(37, 300, dtype=dtype, scale=1.0)
+    assert_close("twin bias_gelu fast Φ", twin.bias_gelu(xb, b), ref.bias_gelu(xb, b), F.gelu(xb + b))
+    grad_x, _ = twin.bias_gelu_backward(gb, xb, b)
+    assert_close("twin bias_gelu fast Φ grad_x", grad_x, ref.bias_gelu_backward(gb, xb, b)[0],
+                 torch.ops.aten.gelu_backward(gb, xb + b), GRADIENT_FACTOR)

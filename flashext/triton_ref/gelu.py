@@ -23,6 +23,28 @@ kInvSqrt2Pi = tl.constexpr(0.39894228040143268)  # 1/√(2π)
 kSqrt2OverPi = tl.constexpr(0.79788456080286536)  # √(2/π)
 kGeluTanhCubic = tl.constexpr(0.044715)
 
+# Φ and φ from one exponential and one reciprocal for 16-bit results (normal_parts in
+# csrc/kernels/common/gelu_math.h, FLASHEXT_GELU_FAST_PHI there): off, as on the CUDA side, until it
+# has run on the GPU. Mills-ratio fits M(x) ≈ t·P(t), t = 1/(1 + p·x), coefficients include 1/√(2π).
+FAST_PHI_16BIT = False
+kNegHalfLog2e = tl.constexpr(-0.72134752044448170)
+kMillsP = tl.constexpr(0.31)
+kMills0 = tl.constexpr(0.123860545)
+kMills1 = tl.constexpr(0.120441549)
+kMills2 = tl.constexpr(0.133433104)
+kMills3 = tl.constexpr(0.0157319549)
+kMills4 = tl.constexpr(0.180466294)
+kMills5 = tl.constexpr(-0.0739357993)
+kMills7P = tl.constexpr(0.3)
+kMills7_0 = tl.constexpr(0.119626351)
+kMills7_1 = tl.constexpr(0.120798968)
+kMills7_2 = tl.constexpr(0.0996338055)
+kMills7_3 = tl.constexpr(0.129480943)
+kMills7_4 = tl.constexpr(-0.0554152019)
+kMills7_5 = tl.constexpr(0.208228856)
+kMills7_6 = tl.constexpr(-0.158288345)
+kMills7_7 = tl.constexpr(0.0359345526)
+
 FLAT_BLOCK = 1024
 FLAT_UNROLL = 4
 BIAS_BLOCK_COLS = 256
@@ -31,22 +53,54 @@ BIAS_MIN_ROWS_PER_BLOCK = 32
 
 
 @triton.jit
-def gelu(z, TANH: tl.constexpr):
+def normal_parts(z, PRECISE: tl.constexpr):
+    """(Φ(z), φ(z)): the upper tail Q(|z|) = φ(|z|)·M(|z|) with the Mills ratio M fitted as t·P(t),
+    P of degree 5 (forward) or 7 (PRECISE, the backward, where Φ + z·φ cancels near z = −0.75)."""
+    x = tl.abs(z)
+    if PRECISE:
+        t = 1.0 / (kMills7P * x + 1.0)
+        poly = kMills7_7 * t + kMills7_6
+        poly = poly * t + kMills7_5
+        poly = poly * t + kMills7_4
+        poly = poly * t + kMills7_3
+        poly = poly * t + kMills7_2
+        poly = poly * t + kMills7_1
+        poly = poly * t + kMills7_0
+    else:
+        t = 1.0 / (kMillsP * x + 1.0)
+        poly = kMills5 * t + kMills4
+        poly = poly * t + kMills3
+        poly = poly * t + kMills2
+        poly = poly * t + kMills1
+        poly = poly * t + kMills0
+    e = tl.math.exp2(z * (z * kNegHalfLog2e))  # e^{−z²/2} = √(2π)·φ(z)
+    tail = e * (t * poly)
+    return tl.where(z >= 0.0, 1.0 - tail, tail), kInvSqrt2Pi * e
+
+
+@triton.jit
+def gelu(z, TANH: tl.constexpr, FAST_PHI: tl.constexpr):
     if TANH:
         u = kSqrt2OverPi * (z + kGeluTanhCubic * z * z * z)
         one_plus_t, sech2 = tanh_parts(u)
         return 0.5 * z * one_plus_t
+    elif FAST_PHI:
+        cdf, pdf = normal_parts(z, False)
+        return z * cdf
     else:
         return 0.5 * z * (1.0 + tl.math.erf(z * kSqrt1_2))
 
 
 @triton.jit
-def gelu_grad(z, TANH: tl.constexpr):
+def gelu_grad(z, TANH: tl.constexpr, FAST_PHI: tl.constexpr):
     if TANH:
         u = kSqrt2OverPi * (z + kGeluTanhCubic * z * z * z)
         one_plus_t, sech2 = tanh_parts(u)
         du_dz = kSqrt2OverPi * (1.0 + 3.0 * kGeluTanhCubic * z * z)
         return 0.5 * one_plus_t + 0.5 * z * sech2 * du_dz
+    elif FAST_PHI:
+        cdf, pdf = normal_parts(z, True)
+        return cdf + z * pdf
     else:
         cdf = 0.5 * (1.0 + tl.math.erf(z * kSqrt1_2))
         pdf = kInvSqrt2Pi * tl.exp(-0.5 * z * z)
@@ -54,11 +108,11 @@ def gelu_grad(z, TANH: tl.constexpr):
 
 
 @triton.jit
-def gelu_epilogue(z, g, TANH: tl.constexpr, BACKWARD: tl.constexpr):
+def gelu_epilogue(z, g, TANH: tl.constexpr, BACKWARD: tl.constexpr, FAST_PHI: tl.constexpr):
     if BACKWARD:
-        return g * gelu_grad(z, TANH)
+        return g * gelu_grad(z, TANH, FAST_PHI)
     else:
-        return gelu(z, TANH)
+        return gelu(z, TANH, FAST_PHI)
 
 
 @triton.jit
@@ -69,7 +123,8 @@ def store_rounded(ptr, value, mask):
 
 @triton.jit
 def add_gelu_kernel(grad_out_ptr, x_ptr, y_ptr, dst_ptr, n,
-                    TANH: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+                    TANH: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+                    FAST_PHI: tl.constexpr):
     first = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     stride = tl.num_programs(0).to(tl.int64) * BLOCK
     for u in tl.static_range(UNROLL):
@@ -79,13 +134,14 @@ def add_gelu_kernel(grad_out_ptr, x_ptr, y_ptr, dst_ptr, n,
         g = 0.0
         if BACKWARD:
             g = tl.load(grad_out_ptr + offs, mask=mask).to(tl.float32)
-        out = gelu_epilogue(z, g, TANH, BACKWARD)
+        out = gelu_epilogue(z, g, TANH, BACKWARD, FAST_PHI)
         store_rounded(dst_ptr + offs, out, mask)
 
 
 @triton.jit
 def bias_gelu_kernel(grad_out_ptr, x_ptr, bias_ptr, dst_ptr, partial_ptr, rows, cols, x_row_stride, rows_per_block,
-                     TANH: tl.constexpr, BACKWARD: tl.constexpr, BLOCK_COLS: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+                     TANH: tl.constexpr, BACKWARD: tl.constexpr, BLOCK_COLS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                     FAST_PHI: tl.constexpr):
     col = tl.program_id(0) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     col_valid = col < cols
     row_begin = tl.program_id(1).to(tl.int64) * rows_per_block
@@ -99,7 +155,7 @@ def bias_gelu_kernel(grad_out_ptr, x_ptr, bias_ptr, dst_ptr, partial_ptr, rows, 
         g = 0.0
         if BACKWARD:
             g = tl.load(grad_out_ptr + row[:, None] * cols + col[None, :], mask=mask).to(tl.float32)
-        value = gelu_epilogue(z, g, TANH, BACKWARD)
+        value = gelu_epilogue(z, g, TANH, BACKWARD, FAST_PHI)
         store_rounded(dst_ptr + row[:, None] * cols + col[None, :], value, mask)
         if BACKWARD:
             bias_grad += tl.sum(tl.where(mask, value, 0.0), axis=0)  # fp32, before rounding
@@ -123,6 +179,10 @@ def bias_grad_reduce_kernel(partial_ptr, grad_bias_ptr, num_groups, cols,
 # ---- launchers (the CUDA launch code's planning, simplified) --------------------------------
 
 
+def _fast_phi(x: Tensor) -> bool:
+    return FAST_PHI_16BIT and x.dtype in (torch.float16, torch.bfloat16)
+
+
 def _tanh(approximate: str) -> bool:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -139,7 +199,7 @@ def _launch_flat(grad_out: Tensor | None, x: Tensor, y: Tensor, approximate: str
     grid = (triton.cdiv(n, FLAT_BLOCK * FLAT_UNROLL),)
     backward = grad_out is not None
     add_gelu_kernel[grid](grad_out.contiguous() if backward else x, x, y, dst, n,
-                          TANH=tanh, BACKWARD=backward, BLOCK=FLAT_BLOCK, UNROLL=FLAT_UNROLL)
+                          TANH=tanh, BACKWARD=backward, BLOCK=FLAT_BLOCK, UNROLL=FLAT_UNROLL, FAST_PHI=_fast_phi(x))
     return dst
 
 
@@ -175,7 +235,7 @@ def _launch_bias(grad_out: Tensor | None, x: Tensor, bias: Tensor, approximate: 
     bias_gelu_kernel[(grid_x, groups)](
         grad_out.contiguous().reshape(-1, cols) if backward else x2, x2, bias.contiguous(), dst, partial,
         rows, cols, cols, rows_per_block,
-        TANH=tanh, BACKWARD=backward, BLOCK_COLS=BIAS_BLOCK_COLS, BLOCK_ROWS=BIAS_BLOCK_ROWS)
+        TANH=tanh, BACKWARD=backward, BLOCK_COLS=BIAS_BLOCK_COLS, BLOCK_ROWS=BIAS_BLOCK_ROWS, FAST_PHI=_fast_phi(x))
     if backward:
         bias_grad_reduce_kernel[(triton.cdiv(cols, 128),)](partial, grad_bias, groups, cols, BLOCK_COLS=128, BLOCK_GROUPS=8)
     return dst.reshape(x.shape), grad_bias
