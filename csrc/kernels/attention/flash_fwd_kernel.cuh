@@ -47,19 +47,21 @@
 #ifndef FLASHEXT_FWD_D128_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D128_DOUBLE_BUFFER 1
 #endif
-// Orderings for A/B runs (docs/notes/attention.md). FLASHEXT_FWD_EARLY_K: wait for V right after
-// Q Kᵀ (single-buffered: and issue the next K there, FlashAttention-2's order; double-buffered:
-// the first block's V), so that nothing but the softmax separates Q Kᵀ from P V. Alone at D = 256
-// it measured +1-3% at S >= 8K, -1.5% at S <= 1K; with FLASHEXT_FWD_RESCALE_ALWAYS +1.7-4.8%
-// except long causal runs (v5 candidate). FLASHEXT_FWD_V0_IN_PROLOGUE (single-buffered: the
-// first V loads in the prologue): -3 to -5% everywhere at D = 256 (249 instead of 242 registers).
+// Orderings (FlashFwdConfig::kEarlyK, kRescaleAlways; docs/notes/attention.md). Early K: wait for V
+// right after Q Kᵀ (single-buffered: and issue the next K there, FlashAttention-2's order;
+// double-buffered: the first block's V), so that nothing but the softmax separates Q Kᵀ from P V.
+// Rescale always: rescale the accumulator on every key block, without the vote and branch that
+// skip it when no row maximum moved, so the softmax and P V form one basic block the scheduler can
+// interleave. At D = 256 early K alone measured +1-3% at S >= 8K, -1.5% at S <= 1K; both together
+// +1.7-4.8% except long causal runs (the v5 candidate). The macros force a value for every head
+// dim in A/B runs (-1: each head dim's default in FlashFwdConfig). FLASHEXT_FWD_V0_IN_PROLOGUE
+// (single-buffered: the first V loads in the prologue): -3 to -5% everywhere at D = 256 (249
+// instead of 242 registers).
 #ifndef FLASHEXT_FWD_EARLY_K
-#define FLASHEXT_FWD_EARLY_K 0
+#define FLASHEXT_FWD_EARLY_K -1
 #endif
-// Rescale the accumulator on every key block (1), without the vote and branch that skip it when no
-// row maximum moved (0): one basic block from the softmax into P V, which the scheduler may interleave.
 #ifndef FLASHEXT_FWD_RESCALE_ALWAYS
-#define FLASHEXT_FWD_RESCALE_ALWAYS 0
+#define FLASHEXT_FWD_RESCALE_ALWAYS -1
 #endif
 #ifndef FLASHEXT_FWD_V0_IN_PROLOGUE
 #define FLASHEXT_FWD_V0_IN_PROLOGUE 0
@@ -93,6 +95,9 @@ struct FlashFwdConfig {
                                         : kHeadDim == 128 ? FLASHEXT_FWD_D128_DOUBLE_BUFFER
                                                           : FLASHEXT_FWD_D256_DOUBLE_BUFFER;
   static constexpr int kKVBuffers = kDoubleBuffer ? 2 : 1;
+  // Orderings (see the macros above); per head dim, overridable for A/B runs.
+  static constexpr bool kEarlyK = FLASHEXT_FWD_EARLY_K >= 0 ? FLASHEXT_FWD_EARLY_K != 0 : false;
+  static constexpr bool kRescaleAlways = FLASHEXT_FWD_RESCALE_ALWAYS >= 0 ? FLASHEXT_FWD_RESCALE_ALWAYS != 0 : false;
   static constexpr int kSmemBytes = (kTileQ + 2 * kKVBuffers * kTileKV) * 2;
   static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
   static_assert(kThreads % kChunks == 0, "a thread copies one fixed chunk column");
@@ -303,7 +308,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       if (it + 1 < num_n_blocks) load_k(smem_k, n_start + kBlockN);
       ptx::cp_async_commit();
     };
-    if constexpr (FLASHEXT_FWD_EARLY_K) {
+    if constexpr (Config::kEarlyK) {
       if constexpr (!Config::kDoubleBuffer) {
         next_k_early();
       } else if (it == 0) {
@@ -389,7 +394,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       }
       // Once the row maxima settle, most key blocks leave them unchanged: skip the rescale of
       // the accumulator when no row of this tile in the warp moved (a warp-uniform branch).
-      if (FLASHEXT_FWD_RESCALE_ALWAYS || __any_sync(0xffffffffu, row_alpha[0] != 1.0f || row_alpha[1] != 1.0f)) {
+      if (Config::kRescaleAlways || __any_sync(0xffffffffu, row_alpha[0] != 1.0f || row_alpha[1] != 1.0f)) {
 #pragma unroll
         for (int t = 0; t < kDTiles; ++t) {
           acc_o[i][t][0] *= row_alpha[0];
@@ -400,9 +405,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       }
     }
 
-    if constexpr (!Config::kDoubleBuffer && !FLASHEXT_FWD_EARLY_K) {
+    if constexpr (!Config::kDoubleBuffer && !Config::kEarlyK) {
       next_k_early();  // here: V has had Q Kᵀ and the softmax to arrive; the next K loads under P V
-    } else if (Config::kDoubleBuffer && !FLASHEXT_FWD_EARLY_K && it == 0) {
+    } else if (Config::kDoubleBuffer && !Config::kEarlyK && it == 0) {
       ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
       __syncthreads();
     }
