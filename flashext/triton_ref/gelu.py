@@ -53,28 +53,31 @@ BIAS_MIN_ROWS_PER_BLOCK = 32
 
 
 @triton.jit
+def mills(x, P, C0, C1, C2, C3, C4, C5, C6, C7):
+    """The Mills-ratio fit t·(C0 + C1·t + … + C7·t⁷), t = 1/(1 + P·x) (degree 5: C6 = C7 = 0, which
+    leaves the value unchanged: the first two steps are exact)."""
+    t = 1.0 / (P * x + 1.0)
+    poly = C7 * t + C6
+    poly = poly * t + C5
+    poly = poly * t + C4
+    poly = poly * t + C3
+    poly = poly * t + C2
+    poly = poly * t + C1
+    poly = poly * t + C0
+    return t * poly
+
+
+@triton.jit
 def normal_parts(z, PRECISE: tl.constexpr):
     """(Φ(z), φ(z)): the upper tail Q(|z|) = φ(|z|)·M(|z|) with the Mills ratio M fitted as t·P(t),
     P of degree 5 (forward) or 7 (PRECISE, the backward, where Φ + z·φ cancels near z = −0.75)."""
     x = tl.abs(z)
     if PRECISE:
-        t = 1.0 / (kMills7P * x + 1.0)
-        poly = kMills7_7 * t + kMills7_6
-        poly = poly * t + kMills7_5
-        poly = poly * t + kMills7_4
-        poly = poly * t + kMills7_3
-        poly = poly * t + kMills7_2
-        poly = poly * t + kMills7_1
-        poly = poly * t + kMills7_0
+        m = mills(x, kMills7P, kMills7_0, kMills7_1, kMills7_2, kMills7_3, kMills7_4, kMills7_5, kMills7_6, kMills7_7)
     else:
-        t = 1.0 / (kMillsP * x + 1.0)
-        poly = kMills5 * t + kMills4
-        poly = poly * t + kMills3
-        poly = poly * t + kMills2
-        poly = poly * t + kMills1
-        poly = poly * t + kMills0
+        m = mills(x, kMillsP, kMills0, kMills1, kMills2, kMills3, kMills4, kMills5, 0.0, 0.0)
     e = tl.math.exp2(z * (z * kNegHalfLog2e))  # e^{−z²/2} = √(2π)·φ(z)
-    tail = e * (t * poly)
+    tail = e * m
     return tl.where(z >= 0.0, 1.0 - tail, tail), kInvSqrt2Pi * e
 
 

@@ -43,6 +43,16 @@ double ref_gelu_grad(double z, bool tanh_form) {
 
 // ---- host tests: the math the kernels share -------------------------------------------------
 
+// Storage conversions on the host.
+template <typename T> float to_float(T v);
+template <> float to_float(float v) { return v; }
+template <> float to_float(__half v) { return __half2float(v); }
+template <> float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> T from_float(float v);
+template <> float from_float(float v) { return v; }
+template <> __half from_float(float v) { return __float2half_rn(v); }
+template <> __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+
 TEST(GeluMath, MatchesDoubleReference) {
   for (int tanh_form = 0; tanh_form < 2; ++tanh_form) {
     double worst = 0.0, worst_grad = 0.0;
@@ -65,10 +75,7 @@ double ref_gelu_erfc(double z) { return z * ref_upper_tail(-z); }
 double ref_gelu_erfc_grad(double z) { return ref_upper_tail(-z) + z * std::exp(-0.5 * z * z) / std::sqrt(2.0 * M_PI); }
 
 template <typename T>
-double round_to(double v) {
-  if constexpr (std::is_same_v<T, __half>) return double(__half2float(__float2half_rn(float(v))));
-  return double(__bfloat162float(__float2bfloat16_rn(float(v))));
-}
+double round_to(double v) { return to_float(from_float<T>(float(v))); }
 
 // The distance between neighbouring values of T around |v| (subnormal steps below the normals).
 template <typename T>
@@ -115,8 +122,7 @@ void expect_16bit_gelu_within_one_rounding() {
     const uint16_t b16 = uint16_t(bits);
     T zt;
     std::memcpy(&zt, &b16, 2);
-    float z;
-    if constexpr (std::is_same_v<T, __half>) z = __half2float(zt); else z = __bfloat162float(zt);
+    const float z = to_float(zt);
     if (!std::isfinite(z) || std::abs(z) > 16.0f) continue;
     for (int grad = 0; grad < 2; ++grad) {
       const double want = grad ? ref_gelu_erfc_grad(z) : ref_gelu_erfc(z);
@@ -202,16 +208,6 @@ bool has_device() {
 
 #define SKIP_WITHOUT_GPU() \
   if (!has_device()) GTEST_SKIP() << "no CUDA device"
-
-// Storage conversions on the host.
-template <typename T> float to_float(T v);
-template <> float to_float(float v) { return v; }
-template <> float to_float(__half v) { return __half2float(v); }
-template <> float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> T from_float(float v);
-template <> float from_float(float v) { return v; }
-template <> __half from_float(float v) { return __float2half_rn(v); }
-template <> __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 
 template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::kFloat32; }

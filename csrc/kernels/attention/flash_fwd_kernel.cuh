@@ -54,17 +54,13 @@
 // skip it when no row maximum moved, so the softmax and P V form one basic block the scheduler can
 // interleave. At D = 256 early K alone measured +1-3% at S >= 8K, -1.5% at S <= 1K; both together
 // +1.7-4.8% except long causal runs (the v5 candidate). The macros force a value for every head
-// dim in A/B runs (-1: each head dim's default in FlashFwdConfig). FLASHEXT_FWD_V0_IN_PROLOGUE
-// (single-buffered: the first V loads in the prologue): -3 to -5% everywhere at D = 256 (249
-// instead of 242 registers).
+// dim in A/B runs (-1: each head dim's default in FlashFwdConfig). (Loading the first V in the
+// prologue when single-buffered measured -3 to -5% at D = 256 and was dropped.)
 #ifndef FLASHEXT_FWD_EARLY_K
 #define FLASHEXT_FWD_EARLY_K -1
 #endif
 #ifndef FLASHEXT_FWD_RESCALE_ALWAYS
 #define FLASHEXT_FWD_RESCALE_ALWAYS -1
-#endif
-#ifndef FLASHEXT_FWD_V0_IN_PROLOGUE
-#define FLASHEXT_FWD_V0_IN_PROLOGUE 0
 #endif
 #ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
@@ -234,15 +230,14 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     load_tile<Config, kBlockN>(dst, v + int64_t(n) * p.v_row_stride, p.v_row_stride, seqlen_k - n, p.head_dim);
   };
 
-  // Prologue: Q and the first K in one cp.async group, the first V in a second, so that the first
-  // Q Kᵀ waits only for the first group.
+  // Prologue: Q and the first K in one cp.async group; double-buffered, the first V in a second,
+  // so that the first Q Kᵀ waits only for the first group (single-buffered, V loads under Q Kᵀ).
   if (num_n_blocks > 0) {
     load_tile<Config, kBlockM>(smem_q, q, p.q_row_stride, seqlen_q - m_start, p.head_dim);
     load_k(smem_k, n_lo);
   }
   ptx::cp_async_commit();
-  constexpr bool kV0InPrologue = Config::kDoubleBuffer || FLASHEXT_FWD_V0_IN_PROLOGUE;
-  if (kV0InPrologue && num_n_blocks > 0) load_v(smem_v, n_lo);
+  if (Config::kDoubleBuffer && num_n_blocks > 0) load_v(smem_v, n_lo);
   ptx::cp_async_commit();
 
   // ldmatrix addresses: this lane's row of each fragment, at chunk 0 or 1 (swizzled_chunk_addr
@@ -258,7 +253,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     const int buffer = Config::kDoubleBuffer ? it % 2 : 0;
     const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
     const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
-    if (kV0InPrologue && it == 0) {
+    if (Config::kDoubleBuffer && it == 0) {
       ptx::cp_async_wait<1>();  // Q and the first K; the first V may still be in flight
     } else {
       ptx::cp_async_wait<0>();
@@ -270,7 +265,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         load_k(smem_k + other * Config::kTileKV, n_start + kBlockN);
         load_v(smem_v + other * Config::kTileKV, n_start + kBlockN);
       }
-    } else if (!kV0InPrologue || it > 0) {  // this block's V loads while Q Kᵀ runs (the first V may have left in the prologue)
+    } else {  // this block's V loads while Q Kᵀ runs
       load_v(smem_v, n_start);
     }
     ptx::cp_async_commit();
@@ -300,9 +295,11 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       }
     }
 
-    // Single-buffered: wait for V and release K right after Q Kᵀ, so the next K loads under the
-    // softmax and P V (FlashAttention-2's order; the other order loads it under P V only).
-    const auto next_k_early = [&] {
+    // This block's V is waited for before P V: right after Q Kᵀ (kEarlyK) or after the softmax.
+    // Single-buffered, every warp is then done with K, so the next K starts loading into it.
+    // Double-buffered, only the first block's V has a group of its own. (The double-buffered wait
+    // is written out at both places: as a lambda it changed the D = 64/128 machine code.)
+    const auto wait_v_load_next_k = [&] {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V is in shared memory; every warp is done with K
       if (it + 1 < num_n_blocks) load_k(smem_k, n_start + kBlockN);
@@ -310,7 +307,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     };
     if constexpr (Config::kEarlyK) {
       if constexpr (!Config::kDoubleBuffer) {
-        next_k_early();
+        wait_v_load_next_k();
       } else if (it == 0) {
         ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
         __syncthreads();
@@ -406,7 +403,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     }
 
     if constexpr (!Config::kDoubleBuffer && !Config::kEarlyK) {
-      next_k_early();  // here: V has had Q Kᵀ and the softmax to arrive; the next K loads under P V
+      wait_v_load_next_k();
     } else if (Config::kDoubleBuffer && !Config::kEarlyK && it == 0) {
       ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
       __syncthreads();

@@ -11,6 +11,9 @@
 #include <cmath>
 
 #include "macros.h"
+#if defined(__CUDACC__)
+#include "ptx.cuh"
+#endif
 
 namespace flashext {
 
@@ -68,38 +71,44 @@ struct NormalParts {
   float pdf;  // φ(z)
 };
 
-FX_HOST_DEVICE float approx_rcp(float v) {  // 1/v for v ≥ 1: one MUFU.RCP, no range fix-ups
+// 1/v and 2^v: one MUFU op each on the device (ptx.cuh; 2^v flushes results below 2^-126), the
+// exact functions on the host (the C++ tests' path).
+FX_HOST_DEVICE float approx_rcp(float v) {
 #if defined(__CUDA_ARCH__)
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
+  return ptx::rcp_approx(v);
 #else
   return 1.0f / v;
 #endif
 }
 
-FX_HOST_DEVICE float approx_exp2(float v) {  // 2^v: one MUFU.EX2 (flushes results below 2^-126)
+FX_HOST_DEVICE float approx_exp2(float v) {
 #if defined(__CUDA_ARCH__)
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
+  return ptx::exp2_approx(v);
 #else
   return std::exp2(v);
 #endif
 }
 
+// c0 + t·(c1 + t·(c2 + …)) as a chain of fused multiply-adds.
+FX_HOST_DEVICE float horner(float, float c0) { return c0; }
+
+template <typename... Rest>
+FX_HOST_DEVICE float horner(float t, float c0, Rest... rest) {
+  return fmaf(horner(t, rest...), t, c0);
+}
+
 constexpr float kNegHalfLog2e = -0.72134752044448170f;  // −½·log2 e
+
+// Φ(z) and φ(z) from mills = M(|z|)/√(2π), the fit's value: Q(|z|) = e^{−z²/2}·mills.
+FX_HOST_DEVICE NormalParts normal_parts_from_mills(float z, float mills) {
+  const float e = approx_exp2(z * (z * kNegHalfLog2e));  // e^{−z²/2} = √(2π)·φ(z)
+  const float tail = e * mills;  // Q(|z|)
+  return {z >= 0.0f ? 1.0f - tail : tail, kInvSqrt2Pi * e};
+}
 
 FX_HOST_DEVICE NormalParts normal_parts(float z) {
   const float t = approx_rcp(fmaf(kMillsP, fabsf(z), 1.0f));
-  float poly = fmaf(kMills5, t, kMills4);
-  poly = fmaf(poly, t, kMills3);
-  poly = fmaf(poly, t, kMills2);
-  poly = fmaf(poly, t, kMills1);
-  poly = fmaf(poly, t, kMills0);
-  const float e = approx_exp2(z * (z * kNegHalfLog2e));  // e^{−z²/2} = √(2π)·φ(z)
-  const float tail = e * (t * poly);  // Q(|z|)
-  return {z >= 0.0f ? 1.0f - tail : tail, kInvSqrt2Pi * e};
+  return normal_parts_from_mills(z, t * horner(t, kMills0, kMills1, kMills2, kMills3, kMills4, kMills5));
 }
 
 // The same with P of degree 7 on t = 1/(1 + 0.3·x): relative error 1.3e-7 on the fit, so Φ's
@@ -112,16 +121,8 @@ constexpr float kMills7_6 = -0.158288345f, kMills7_7 = 0.0359345526f;
 
 FX_HOST_DEVICE NormalParts normal_parts_precise(float z) {
   const float t = approx_rcp(fmaf(kMills7P, fabsf(z), 1.0f));
-  float poly = fmaf(kMills7_7, t, kMills7_6);
-  poly = fmaf(poly, t, kMills7_5);
-  poly = fmaf(poly, t, kMills7_4);
-  poly = fmaf(poly, t, kMills7_3);
-  poly = fmaf(poly, t, kMills7_2);
-  poly = fmaf(poly, t, kMills7_1);
-  poly = fmaf(poly, t, kMills7_0);
-  const float e = approx_exp2(z * (z * kNegHalfLog2e));
-  const float tail = e * (t * poly);
-  return {z >= 0.0f ? 1.0f - tail : tail, kInvSqrt2Pi * e};
+  return normal_parts_from_mills(
+      z, t * horner(t, kMills7_0, kMills7_1, kMills7_2, kMills7_3, kMills7_4, kMills7_5, kMills7_6, kMills7_7));
 }
 
 // Exact GeLU and its derivative without erff: for 16-bit results only. The derivative needs the

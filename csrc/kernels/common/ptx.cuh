@@ -93,5 +93,12 @@ FX_DEVICE float exp2_approx(float x) {
   return y;
 }
 
+// PTX ISA §9.7.3.17 rcp.approx.ftz.f32: 1/x in one MUFU op, no range fix-ups (unlike __fdividef).
+FX_DEVICE float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 }  // namespace ptx
 }  // namespace flashext
