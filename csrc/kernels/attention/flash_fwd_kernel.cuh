@@ -92,8 +92,8 @@ struct FlashFwdConfig {
                                                           : FLASHEXT_FWD_D256_DOUBLE_BUFFER;
   static constexpr int kKVBuffers = kDoubleBuffer ? 2 : 1;
   // Orderings (see the macros above); per head dim, overridable for A/B runs.
-  static constexpr bool kEarlyK = FLASHEXT_FWD_EARLY_K >= 0 ? FLASHEXT_FWD_EARLY_K != 0 : false;
-  static constexpr bool kRescaleAlways = FLASHEXT_FWD_RESCALE_ALWAYS >= 0 ? FLASHEXT_FWD_RESCALE_ALWAYS != 0 : false;
+  static constexpr bool kEarlyK = FLASHEXT_FWD_EARLY_K >= 0 ? FLASHEXT_FWD_EARLY_K != 0 : kHeadDim == 256;
+  static constexpr bool kRescaleAlways = FLASHEXT_FWD_RESCALE_ALWAYS >= 0 ? FLASHEXT_FWD_RESCALE_ALWAYS != 0 : kHeadDim == 256;
   static constexpr int kSmemBytes = (kTileQ + 2 * kKVBuffers * kTileKV) * 2;
   static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
   static_assert(kThreads % kChunks == 0, "a thread copies one fixed chunk column");
