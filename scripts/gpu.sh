@@ -12,7 +12,9 @@
 #                                   (default: benchmarks/bench_attention.py --only fwd)
 #
 # Logs go to $OUT/gpu.log (or ./gpu_out when OUT is unset), benchmark JSON and plots to $OUT;
-# a summary of every step is printed last and written to $OUT/summary.txt.
+# a summary of every step is printed last and written to $OUT/summary.txt. FLASHEXT_PACK=1 then
+# packs everything under $OUT into $OUT/out.tgz beside summary.txt (the device tool brings back
+# at most 8 files: an A/B run writes more).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -83,7 +85,7 @@ ab() {
     echo "=== variant $name: ${spec#*:}"
     FLASHEXT_NVCC_FLAGS="${spec#*:}" build >/dev/null || return 1
     OUT=$OUT/ab_$name FLASHEXT_BENCH_VARIANT="$name: ${spec#*:}" \
-      $PY ${FLASHEXT_AB_CMD:-benchmarks/bench_attention.py --only fwd} | grep -E "^(summary|  (vs |(fp16|bf16) D=|add |bias))" || return 1
+      $PY ${FLASHEXT_AB_CMD:-benchmarks/bench_attention.py --only fwd} | grep -E "^(summary|  (vs |(fp16|bf16) D=|add|bias))" || return 1
   done
   build >/dev/null
 }
@@ -110,3 +112,8 @@ done
   grep -E "^(summary|  (add|add_bwd|bias|bias_bwd) |  (fp16|bf16) D=|  vs )" "$LOG" | tail -90 || true
   grep -E "^[0-9]+ (passed|failed)|passed|failed" "$LOG" | grep -E "^=*\s*[0-9]+ (passed|failed)" | tail -3 || true
 } | tee "$OUT/summary.txt"
+
+if [ "${FLASHEXT_PACK:-0}" = 1 ]; then
+  tar czf /tmp/flashext_out.tgz -C "$OUT" . && find "$OUT" -mindepth 1 ! -name summary.txt -delete &&
+    mv /tmp/flashext_out.tgz "$OUT/out.tgz"
+fi

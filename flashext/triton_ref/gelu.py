@@ -24,9 +24,9 @@ kSqrt2OverPi = tl.constexpr(0.79788456080286536)  # √(2/π)
 kGeluTanhCubic = tl.constexpr(0.044715)
 
 # Φ and φ from one exponential and one reciprocal for 16-bit results (normal_parts in
-# csrc/kernels/common/gelu_math.h, FLASHEXT_GELU_FAST_PHI there): off, as on the CUDA side, until it
-# has run on the GPU. Mills-ratio fits M(x) ≈ t·P(t), t = 1/(1 + p·x), coefficients include 1/√(2π).
-FAST_PHI_16BIT = False
+# csrc/kernels/common/gelu_math.h, FLASHEXT_GELU_FAST_PHI there): on, as on the CUDA side (False:
+# erf, as fp32 results use). Mills-ratio fits M(x) ≈ t·P(t), t = 1/(1 + p·x), coefficients include 1/√(2π).
+FAST_PHI_16BIT = True
 kNegHalfLog2e = tl.constexpr(-0.72134752044448170)
 kMillsP = tl.constexpr(0.31)
 kMills0 = tl.constexpr(0.123860545)

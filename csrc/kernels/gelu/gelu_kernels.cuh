@@ -71,9 +71,11 @@ struct RowColArgs {
 // parameter: a runtime branch kept both forms' registers live and cost the 16-bit kernels about 4%
 // (spills). With FLASHEXT_GELU_FAST_PHI the exact form of a 16-bit result goes through
 // normal_parts (one exponential and one reciprocal; the backward's φ shares the exponential)
-// instead of erff: an experiment until it has run on the GPU (docs/notes/gelu.md).
+// instead of erff, within one rounding step of the exact value for every 16-bit z; measured on
+// the H200 at 2f9688e: bias + GeLU 16-bit 0.60 -> 0.79 of copy, its backward 0.73 -> 0.93
+// (docs/notes/gelu.md). -DFLASHEXT_GELU_FAST_PHI=0 restores erff for A/B runs.
 #ifndef FLASHEXT_GELU_FAST_PHI
-#define FLASHEXT_GELU_FAST_PHI 0
+#define FLASHEXT_GELU_FAST_PHI 1
 #endif
 template <typename T, bool kBackward, bool kTanh>
 FX_DEVICE float gelu_epilogue(float z, float g) {
@@ -122,16 +124,21 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
   }
 }
 
-// Resident blocks per SM for the bias kernels (register cap, as for the flat kernel).
-template <bool kBackward>
-constexpr int kRowColMinBlocks = kBackward ? 4 : 6;
 // Rows in flight per thread (RowColPlan): 2 for the fp32 forward (memory-bound, one 16-byte load
-// per row), 1 where the erf math, not the memory, sets the pace.
+// per row), 1 where the erf math, not the memory, sets the pace. FLASHEXT_GELU_BIAS_ROWS_16 sets
+// the 16-bit forward's (an A/B knob: with the erff-free Φ that kernel is no longer issue-bound).
+#ifndef FLASHEXT_GELU_BIAS_ROWS_16
+#define FLASHEXT_GELU_BIAS_ROWS_16 1
+#endif
 template <typename T, bool kBackward>
-constexpr int kBiasRowUnroll = (!kBackward && sizeof(T) == 4) ? 2 : 1;
+constexpr int kBiasRowUnroll = kBackward ? 1 : sizeof(T) == 4 ? 2 : FLASHEXT_GELU_BIAS_ROWS_16;
+// Resident blocks per SM for the bias kernels (register cap, as for the flat kernel); two 16-bit
+// rows in flight need 5 blocks' worth of registers (at 6 the bf16 kernel spills 14 bytes).
+template <typename T, bool kBackward>
+constexpr int kRowColMinBlocks = kBackward ? 4 : (sizeof(T) == 2 && kBiasRowUnroll<T, kBackward> > 1) ? 5 : 6;
 
 template <typename T, int kVec, bool kBackward, bool kTanh>
-__global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThreads, kRowColMinBlocks<kBackward>)
+__global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThreads, kRowColMinBlocks<T, kBackward>)
     bias_gelu_kernel(const RowColArgs args) {
   constexpr int kColThreads = RowColPlan::kColThreads;
   constexpr int kRowThreads = RowColPlan::kRowThreads;
