@@ -64,3 +64,21 @@ def poison_cache(*like: Tensor) -> None:
     so an output element a kernel forgets to write shows up as NaN rather than stale data."""
     blocks = [torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device) for t in like]
     del blocks
+
+
+def assert_gelu_within_one_step(name: str, z: Tensor, forward: Tensor, gradient: Tensor) -> None:
+    """Stricter than the rule, for the erff-free 16-bit GeLU: gelu(z) and gelu'(z) (16-bit results;
+    `z` exact, e.g. x.double() + y.double()) lie within one rounding step of the exact values, element by element, where
+    Φ(z) is a normal fp32 number (Φ is the smallest intermediate; below 2^-126 the device's ex2 and
+    multiplies flush to zero, an absolute error under 1e-37)."""
+    z64 = z.double()
+    cdf = 0.5 * torch.special.erfc(-z64 / 2**0.5)
+    density = torch.exp(-0.5 * z64 * z64) / (2 * torch.pi) ** 0.5
+    mantissa, min_exponent = (10, -14) if forward.dtype == torch.float16 else (7, -126)
+    considered = cdf >= 2.0**-126
+    for what, got, exact in (("forward", forward, z64 * cdf), ("gradient", gradient, cdf + z64 * density)):
+        step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(2.0**min_exponent))) - mantissa)
+        bad = ((got.double() - exact).abs() > step) & considered
+        assert not bad.any(), (f"{name} {what}: {int(bad.sum())} of {z.numel()} values off by more than one "
+                               f"rounding step, first at z = {z64[bad][0].item()!r}: got "
+                               f"{got.double()[bad][0].item()!r}, exact {exact[bad][0].item()!r}")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import flashext
 from flashext import reference as ref
-from flashext.testing import GRADIENT_FACTOR, assert_close, poison_cache
+from flashext.testing import GRADIENT_FACTOR, assert_close, assert_gelu_within_one_step, poison_cache
 from tests.conftest import requires_cuda
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -107,6 +107,22 @@ def test_reference_bias_gradient_is_row_sum():
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_add_gelu_sizes(dtype, approximate, n):
     check_add_gelu(randn(n, dtype=dtype), randn(n, dtype=dtype), approximate)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_exact_form_every_16bit_value(dtype):
+    """The exact form's 16-bit results (erff-free Φ, FLASHEXT_GELU_FAST_PHI) for every finite 16-bit z,
+    through both kernels, forward and backward: within one rounding step of the exact value."""
+    z = torch.arange(-(2**15), 2**15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    z = z[torch.isfinite(z)].contiguous()
+    zero = torch.zeros_like(z)
+    assert_gelu_within_one_step("add_gelu", z.double(), flashext.fused_add_gelu(z, zero),
+                                torch.ops.flashext.add_gelu_backward(torch.ones_like(z), z, zero, "none"))
+    x = z[: z.numel() // 64 * 64].reshape(-1, 64)
+    bias = torch.zeros(64, dtype=dtype, device="cuda")
+    grad_x, _ = torch.ops.flashext.bias_gelu_backward(torch.ones_like(x), x, bias, "none")
+    assert_gelu_within_one_step("bias_gelu", x.double(), flashext.bias_gelu(x, bias), grad_x)
 
 
 @requires_cuda

@@ -53,7 +53,11 @@
 // Rescale always: rescale the accumulator on every key block, without the vote and branch that
 // skip it when no row maximum moved, so the softmax and P V form one basic block the scheduler can
 // interleave. At D = 256 early K alone measured +1-3% at S >= 8K, -1.5% at S <= 1K; both together
-// +1.7-4.8% except long causal runs (the v5 candidate). The macros force a value for every head
+// +1.7-4.8% except long causal runs (v5, the default there). At D = 128 rescale-always alone
+// measured +1-2% at S <= 2K and -2 to -3.5% at 16K (where the row maxima settle and the vote skips
+// most rescales): the default, because it lifts the weakest point (short non-causal runs) above
+// SDPA's FlashAttention-2; with early K as well it spills (worse). D = 64 loses 4% with either.
+// The macros force a value for every head
 // dim in A/B runs (-1: each head dim's default in FlashFwdConfig). (Loading the first V in the
 // prologue when single-buffered measured -3 to -5% at D = 256 and was dropped.)
 #ifndef FLASHEXT_FWD_EARLY_K
@@ -93,7 +97,7 @@ struct FlashFwdConfig {
   static constexpr int kKVBuffers = kDoubleBuffer ? 2 : 1;
   // Orderings (see the macros above); per head dim, overridable for A/B runs.
   static constexpr bool kEarlyK = FLASHEXT_FWD_EARLY_K >= 0 ? FLASHEXT_FWD_EARLY_K != 0 : kHeadDim == 256;
-  static constexpr bool kRescaleAlways = FLASHEXT_FWD_RESCALE_ALWAYS >= 0 ? FLASHEXT_FWD_RESCALE_ALWAYS != 0 : kHeadDim == 256;
+  static constexpr bool kRescaleAlways = FLASHEXT_FWD_RESCALE_ALWAYS >= 0 ? FLASHEXT_FWD_RESCALE_ALWAYS != 0 : kHeadDim >= 128;
   static constexpr int kSmemBytes = (kTileQ + 2 * kKVBuffers * kTileKV) * 2;
   static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
   static_assert(kThreads % kChunks == 0, "a thread copies one fixed chunk column");

@@ -132,10 +132,12 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
 #endif
 template <typename T, bool kBackward>
 constexpr int kBiasRowUnroll = kBackward ? 1 : sizeof(T) == 4 ? 2 : FLASHEXT_GELU_BIAS_ROWS_16;
-// Resident blocks per SM for the bias kernels (register cap, as for the flat kernel); two 16-bit
-// rows in flight need 5 blocks' worth of registers (at 6 the bf16 kernel spills 14 bytes).
+// Resident blocks per SM for the bias kernels (register cap, as for the flat kernel): 6 (42
+// registers) for one row in flight; 16-bit rows in flight need more registers each: 2 rows fit 5
+// blocks (at 6 the bf16 kernel spills 14 bytes), 4 rows 4 blocks.
 template <typename T, bool kBackward>
-constexpr int kRowColMinBlocks = kBackward ? 4 : (sizeof(T) == 2 && kBiasRowUnroll<T, kBackward> > 1) ? 5 : 6;
+constexpr int kRowColMinBlocks = kBackward || kBiasRowUnroll<T, kBackward> >= 4 ? 4
+                                 : sizeof(T) == 2 && kBiasRowUnroll<T, kBackward> == 2 ? 5 : 6;
 
 template <typename T, int kVec, bool kBackward, bool kTanh>
 __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThreads, kRowColMinBlocks<T, kBackward>)
