@@ -125,10 +125,11 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
 }
 
 // Rows in flight per thread (RowColPlan): 2 for the fp32 forward (memory-bound, one 16-byte load
-// per row), 1 where the erf math, not the memory, sets the pace. FLASHEXT_GELU_BIAS_ROWS_16 sets
-// the 16-bit forward's (an A/B knob: with the erff-free Φ that kernel is no longer issue-bound).
+// per row), 4 for the 16-bit forward (with the erff-free Φ it is memory-bound too; A/B at 6aab2cc,
+// 8192 × 16384: 1 row 0.78-0.79 of copy, 2 rows 0.87, 4 rows 0.93), 1 for the backward, where the
+// math sets the pace. FLASHEXT_GELU_BIAS_ROWS_16 (1, 2 or 4) sets the 16-bit forward's.
 #ifndef FLASHEXT_GELU_BIAS_ROWS_16
-#define FLASHEXT_GELU_BIAS_ROWS_16 1
+#define FLASHEXT_GELU_BIAS_ROWS_16 4
 #endif
 template <typename T, bool kBackward>
 constexpr int kBiasRowUnroll = kBackward ? 1 : sizeof(T) == 4 ? 2 : FLASHEXT_GELU_BIAS_ROWS_16;
