@@ -6,7 +6,8 @@ fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2
         D ∈ {64, 128, 256}, causal and not, S = 512 … 16384: flashext, its Triton twin, SDPA's
         flash (FA2), cuDNN and memory-efficient backends, and FlexAttention (fp16, D = 128 only:
         each shape compiles). Each implementation is first checked against flashext.reference
-        on the last 256 query rows (which see every key) by the tolerance rule.
+        on the last 256 query rows (which see every key) by the tolerance rule, then timed in
+        rounds whose order is balanced (each follows each other equally often); median round.
 memory  peak extra memory of one forward at B = H = 1, D = 128, fp16: flashext against SDPA's
         math backend (which materialises the S × S scores), S = 4096 … 65536.
 softmax online_softmax against torch.softmax, GB/s (one read, one write), rows of 4096 … 65536.
@@ -42,6 +43,21 @@ def sdpa_backend(backend):
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return run
+
+
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of n implementations in which each one directly follows each other one equally often
+    (Williams' design): rows of the Latin square 0, 1, n-1, 2, n-2, ... shifted by 0..n-1, and for odd
+    n their mirror images as well (2n rounds)."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(x + shift) % n for x in first] for shift in range(n)]
+    return rows + ([row[::-1] for row in rows] if n % 2 and n > 1 else [])
 
 
 def implementations(dname: str, head_dim: int):
@@ -111,14 +127,15 @@ def section_fwd(rows, quick: bool):
                             timed[name] = (lambda fn=fn, args=args: fn(*args, causal), [])
                         except Exception as exc:  # an anchor that does not run here: say so, keep going
                             row[name] = {"error_message": f"{type(exc).__name__}: {str(exc)[:200]}"}
-                    # One round per implementation, each round starting one implementation later
-                    # (A B C, B C A, C A B), and the median of the rounds: a drift of clocks or
-                    # power during the point, or a slow kernel just before, affects all alike.
+                    # Rounds in a balanced order (balanced_orders): every implementation follows
+                    # every other equally often, since what ran just before moves a kernel's time
+                    # by several percent (D = 256 at 35284de: ours 3.6% slower right after
+                    # mem-efficient than after a pause); the median of the rounds is reported.
                     names = list(timed)
-                    for start in range(len(names)):
-                        for name in names[start:] + names[:start]:
-                            call, times = timed[name]
-                            times.append(bench_ms(call, warmup=10, rep=30))
+                    for order in balanced_orders(len(names)):
+                        for index in order:
+                            call, times = timed[names[index]]
+                            times.append(bench_ms(call, warmup=5, rep=15))
                     for name, (call, times) in timed.items():
                         ms = statistics.median(times)
                         row[name].update(ms=ms, tflops=flops / ms / 1e9, rounds_ms=times)
