@@ -177,6 +177,24 @@ TEST(BiasGeluPlan, CoversEveryRowAndColumnOnce) {
   }
 }
 
+TEST(AddGeluPlan, SmallTensorsGetSmallerBlocks) {
+  // 256 threads from two blocks per SM up; 128 or 64 below, never fewer than 64.
+  EXPECT_EQ(flashext::flat_block_threads(int64_t(1) << 28, 132), 256);
+  EXPECT_EQ(flashext::flat_block_threads(2 * 132 * 256, 132), 256);
+  EXPECT_EQ(flashext::flat_block_threads((2 * 132 - 1) * 256, 132), 128);  // 263 blocks of 256
+  EXPECT_EQ(flashext::flat_block_threads(8192, 132), 64);  // 2^16 bf16 elements: 128 blocks
+  EXPECT_EQ(flashext::flat_block_threads(1, 132), 64);
+  EXPECT_EQ(flashext::flat_block_threads(0, 132), 64);
+  EXPECT_EQ(flashext::flat_block_threads(1000, 0), 256);  // SM count unknown: the default
+  int previous = 64;
+  for (int64_t packs = 1; packs < (int64_t(1) << 20); packs = packs * 3 / 2 + 1) {
+    const int threads = flashext::flat_block_threads(packs, 132);
+    EXPECT_TRUE(threads == 64 || threads == 128 || threads == 256);
+    EXPECT_GE(threads, previous);  // never fewer threads for more work
+    previous = threads;
+  }
+}
+
 TEST(BiasGeluPlan, VectorWidthFollowsAlignment) {
   alignas(16) static char buffer[256];
   const void* aligned[] = {buffer, buffer + 32};
