@@ -4,6 +4,8 @@
 #   scripts/gpu.sh [STEP ...]       STEP: build main pytest ctest sanitize bench bench_attention profile ab
 #                                   (default: all but bench_attention and profile, which take minutes)
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
+#   FLASHEXT_PROFILE_SHAPES="bf16:256:0:512"  profile's shapes; FLASHEXT_PROFILE_SOURCE=1 adds
+#                                   per-instruction stall sampling (attention_source.csv)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
 #   FLASHEXT_AB="base:|sb:-DFLASHEXT_FWD_D64_DOUBLE_BUFFER=0"  step ab: rebuild with each variant's
 #                                   nvcc flags, run bench_attention's fwd section (narrowed by the
@@ -67,10 +69,18 @@ sanitize() {
 }
 
 profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash (profile_attention.py)
+  # FLASHEXT_PROFILE_SOURCE=1 adds the per-instruction stall sampling (SourceCounters) and exports
+  # it as SASS-level CSV to $OUT/attention_source.csv.
+  local source=()
+  [ "${FLASHEXT_PROFILE_SOURCE:-0}" = 1 ] && source=(--section SourceCounters)
   ncu --clock-control none -k regex:flash_fwd -f -o "$OUT/attention_profile" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
     --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis \
-    --section MemoryWorkloadAnalysis_Tables $PY benchmarks/profile_attention.py || return 1
+    --section MemoryWorkloadAnalysis_Tables "${source[@]}" $PY benchmarks/profile_attention.py || return 1
+  if [ ${#source[@]} -gt 0 ]; then
+    ncu -i "$OUT/attention_profile.ncu-rep" --page source --csv --print-source sass >"$OUT/attention_source.csv" ||
+      echo "profile: the SASS source export failed (see ncu --help for this version's --page source options)"
+  fi
   ncu -i "$OUT/attention_profile.ncu-rep" --page details >"$OUT/attention_profile.txt"
   ncu -i "$OUT/attention_profile.ncu-rep" --page raw --csv \
     --metrics "regex:smsp__average_warps?_issue_stalled_.*_per_issue_active.ratio" >"$OUT/attention_stalls.csv"
