@@ -30,9 +30,20 @@ FX_HOST_DEVICE float fast_exp(float v) {
 #endif
 }
 
+// 2^v: one MUFU.EX2 on the device (ptx.cuh; results below 2^-126 flush to zero).
+FX_HOST_DEVICE float fast_exp2(float v) {
+#if defined(__CUDA_ARCH__)
+  return ptx::exp2_approx(v);
+#else
+  return std::exp2(v);
+#endif
+}
+
+// 1/v: one MUFU.RCP on the device (~1 ulp; ptx.cuh). Every caller passes v >= 1, where
+// __fdividef(1, v) gives the same bits after four more instructions of denormal handling.
 FX_HOST_DEVICE float fast_rcp(float v) {
 #if defined(__CUDA_ARCH__)
-  return __fdividef(1.0f, v);  // MUFU.RCP: ~1 ulp, no IEEE slow path
+  return ptx::rcp_approx(v);
 #else
   return 1.0f / v;
 #endif
@@ -71,24 +82,6 @@ struct NormalParts {
   float pdf;  // φ(z)
 };
 
-// 1/v and 2^v: one MUFU op each on the device (ptx.cuh; 2^v flushes results below 2^-126), the
-// exact functions on the host (the C++ tests' path).
-FX_HOST_DEVICE float approx_rcp(float v) {
-#if defined(__CUDA_ARCH__)
-  return ptx::rcp_approx(v);
-#else
-  return 1.0f / v;
-#endif
-}
-
-FX_HOST_DEVICE float approx_exp2(float v) {
-#if defined(__CUDA_ARCH__)
-  return ptx::exp2_approx(v);
-#else
-  return std::exp2(v);
-#endif
-}
-
 // c0 + t·(c1 + t·(c2 + …)) as a chain of fused multiply-adds.
 FX_HOST_DEVICE float horner(float, float c0) { return c0; }
 
@@ -101,13 +94,13 @@ constexpr float kNegHalfLog2e = -0.72134752044448170f;  // −½·log2 e
 
 // Φ(z) and φ(z) from mills = M(|z|)/√(2π), the fit's value: Q(|z|) = e^{−z²/2}·mills.
 FX_HOST_DEVICE NormalParts normal_parts_from_mills(float z, float mills) {
-  const float e = approx_exp2(z * (z * kNegHalfLog2e));  // e^{−z²/2} = √(2π)·φ(z)
+  const float e = fast_exp2(z * (z * kNegHalfLog2e));  // e^{−z²/2} = √(2π)·φ(z)
   const float tail = e * mills;  // Q(|z|)
   return {z >= 0.0f ? 1.0f - tail : tail, kInvSqrt2Pi * e};
 }
 
 FX_HOST_DEVICE NormalParts normal_parts(float z) {
-  const float t = approx_rcp(fmaf(kMillsP, fabsf(z), 1.0f));
+  const float t = fast_rcp(fmaf(kMillsP, fabsf(z), 1.0f));
   return normal_parts_from_mills(z, t * horner(t, kMills0, kMills1, kMills2, kMills3, kMills4, kMills5));
 }
 
@@ -120,7 +113,7 @@ constexpr float kMills7_3 = 0.129480943f, kMills7_4 = -0.0554152019f, kMills7_5 
 constexpr float kMills7_6 = -0.158288345f, kMills7_7 = 0.0359345526f;
 
 FX_HOST_DEVICE NormalParts normal_parts_precise(float z) {
-  const float t = approx_rcp(fmaf(kMills7P, fabsf(z), 1.0f));
+  const float t = fast_rcp(fmaf(kMills7P, fabsf(z), 1.0f));
   return normal_parts_from_mills(
       z, t * horner(t, kMills7_0, kMills7_1, kMills7_2, kMills7_3, kMills7_4, kMills7_5, kMills7_6, kMills7_7));
 }
