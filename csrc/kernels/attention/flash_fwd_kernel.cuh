@@ -66,6 +66,11 @@
 #ifndef FLASHEXT_FWD_RESCALE_ALWAYS
 #define FLASHEXT_FWD_RESCALE_ALWAYS -1
 #endif
+// Threads sharing a row in one pass of load_tile: 8 (128-byte segments, so each thread's copies are
+// a few row pointers plus constants); 0 = whole rows (one pointer per copy, the layout before v6).
+#ifndef FLASHEXT_FWD_LOAD_ROW_THREADS
+#define FLASHEXT_FWD_LOAD_ROW_THREADS 8
+#endif
 #ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
 #endif
@@ -100,9 +105,14 @@ struct FlashFwdConfig {
   static constexpr bool kRescaleAlways = FLASHEXT_FWD_RESCALE_ALWAYS >= 0 ? FLASHEXT_FWD_RESCALE_ALWAYS != 0 : kHeadDim >= 128;
   static constexpr int kSmemBytes = (kTileQ + 2 * kKVBuffers * kTileKV) * 2;
   static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
-  static_assert(kThreads % kChunks == 0, "a thread copies one fixed chunk column");
-  static_assert(kBlockN % (kThreads / kChunks) == 0 && kBlockM % (kThreads / kChunks) == 0,
-                "load_tile copies whole passes of kThreads / kChunks rows");
+  // load_tile: threads per row in one pass (a multiple of 8 dividing kChunks), kThreads / that
+  // rows per pass.
+  static constexpr int kLoadRowThreads = FLASHEXT_FWD_LOAD_ROW_THREADS > 0 && FLASHEXT_FWD_LOAD_ROW_THREADS < kChunks
+                                             ? FLASHEXT_FWD_LOAD_ROW_THREADS : kChunks;
+  static_assert(kLoadRowThreads % 8 == 0 && kChunks % kLoadRowThreads == 0 && kThreads % kLoadRowThreads == 0,
+                "load_tile: whole 128-byte segments, whole rows");
+  static_assert(kBlockN % (kThreads / kLoadRowThreads) == 0 && kBlockM % (kThreads / kLoadRowThreads) == 0,
+                "load_tile copies whole passes of kThreads / kLoadRowThreads rows");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one block may have (sm_90)");
 };
 
@@ -123,34 +133,46 @@ FX_DEVICE uint32_t swizzled_chunk_addr(uint32_t base_c, int chunk_even) {
 }
 
 // Copy rows [0, kRows) of a (rows_left-row, head_dim-wide) global tile into a swizzled shared tile
-// with cp.async; rows past rows_left and columns past head_dim are zero-filled. Thread t always
-// copies chunk t % kChunks of rows t / kChunks + i · kRowStep. Whole tiles (the common case: every
-// block but the last of a sequence, full head_dim) take a branch with no per-row predicates.
+// with cp.async; rows past rows_left and columns past head_dim are zero-filled. kSegThreads threads
+// share a row in each pass (8 by default: one 128-byte segment each pass, a warp covers four rows):
+// thread t copies chunks t % kSegThreads + kSegThreads · j of rows t / kSegThreads + i · kRowStep.
+// With kRowStep a multiple of 8 every row a thread copies has the same swizzle, so its shared
+// addresses are one base plus constants and its global addresses one pointer per row plus constants
+// (D = 256: 4 row pointers for 16 copies, where whole-row passes took one per copy, two 64-bit adds
+// per cp.async, and stalled on address registers of copies still in flight). Whole tiles (the
+// common case: every block but the last of a sequence, full head_dim) take a branch with no
+// predicates.
 template <typename Config, int kRows, typename T>
 FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_left, int head_dim) {
-  constexpr int kChunks = Config::kChunks, kRowStep = Config::kThreads / kChunks;
-  static_assert((kRowStep & (kRowStep - 1)) == 0, "row steps are powers of two");
-  const int chunk = threadIdx.x % kChunks, row0 = threadIdx.x / kChunks;
+  constexpr int kSegThreads = Config::kLoadRowThreads, kRowStep = Config::kThreads / kSegThreads;
+  constexpr int kSegments = Config::kChunks / kSegThreads;
+  const int chunk = threadIdx.x % kSegThreads, row0 = threadIdx.x / kSegThreads;
   const T* src = gmem + int64_t(row0) * row_stride + chunk * 8;
   const int64_t src_step = kRowStep * row_stride;
   // Row row0 + i · kRowStep has swizzle row0 ^ ((i · kRowStep) & 7) (row0 < kRowStep, a power of
-  // two, so the bits do not overlap): the same XOR trick as swizzled_chunk_addr.
+  // two, so the bits do not overlap; the XOR vanishes when kRowStep % 8 == 0); chunk + 8 · m keeps
+  // the low three bits, so further segments are a constant away.
   const uint32_t dst0 = ptx::smem_addr(smem) + 2 * swizzled<Config::kHeadDim>(row0, chunk);
-  const auto dst = [&](int i) {
-    return (dst0 ^ uint32_t(((i * kRowStep) & 7) << 4)) + uint32_t(2 * i * kRowStep * Config::kHeadDim);
+  const auto dst = [&](int i, int j) {
+    return (dst0 ^ uint32_t(((i * kRowStep) & 7) << 4)) +
+           uint32_t(2 * (i * kRowStep * Config::kHeadDim + j * kSegThreads * 8));
   };
   if (rows_left >= kRows && head_dim == Config::kHeadDim) {
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; ++i) {
-      ptx::cp_async_16(dst(i), src, 16);
+#pragma unroll
+      for (int j = 0; j < kSegments; ++j) ptx::cp_async_16(dst(i, j), src + j * kSegThreads * 8, 16);
       src += src_step;
     }
   } else {
-    const bool chunk_valid = chunk * 8 < head_dim;
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; ++i) {
-      const bool valid = chunk_valid && row0 + i * kRowStep < rows_left;
-      ptx::cp_async_16(dst(i), valid ? src : gmem, valid ? 16 : 0);
+      const bool row_valid = row0 + i * kRowStep < rows_left;
+#pragma unroll
+      for (int j = 0; j < kSegments; ++j) {
+        const bool valid = row_valid && (chunk + kSegThreads * j) * 8 < head_dim;
+        ptx::cp_async_16(dst(i, j), valid ? src + j * kSegThreads * 8 : gmem, valid ? 16 : 0);
+      }
       src += src_step;
     }
   }
