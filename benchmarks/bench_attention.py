@@ -27,7 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashext  # noqa: E402
-from benchmarks.common import bench_ms, output_dir, parse_args, run_metadata, write_json  # noqa: E402
+from benchmarks.common import bench_ms, bench_rounds, output_dir, parse_args, run_metadata, write_json  # noqa: E402
 from flashext import reference as ref  # noqa: E402
 from flashext.testing import judge  # noqa: E402
 from flashext.triton_ref import attention as twin  # noqa: E402
@@ -43,21 +43,6 @@ def sdpa_backend(backend):
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return run
-
-
-def balanced_orders(n: int) -> list[list[int]]:
-    """Orders of n implementations in which each one directly follows each other one equally often
-    (Williams' design): rows of the Latin square 0, 1, n-1, 2, n-2, ... shifted by 0..n-1, and for odd
-    n their mirror images as well (2n rounds)."""
-    first, low, high = [0], 1, n - 1
-    while len(first) < n:
-        first.append(low)
-        low += 1
-        if len(first) < n:
-            first.append(high)
-            high -= 1
-    rows = [[(x + shift) % n for x in first] for shift in range(n)]
-    return rows + ([row[::-1] for row in rows] if n % 2 and n > 1 else [])
 
 
 def implementations(dname: str, head_dim: int):
@@ -124,20 +109,14 @@ def section_fwd(rows, quick: bool):
                             out_bshd = out if layout == "bshd" else out.transpose(1, 2)
                             verdict = judge(name, out_bshd[:, tail], want, base)
                             row[name] = {"valid": verdict.ok, "error": verdict.error, "allowed": verdict.allowed}
-                            timed[name] = (lambda fn=fn, args=args: fn(*args, causal), [])
+                            timed[name] = lambda fn=fn, args=args: fn(*args, causal)
                         except Exception as exc:  # an anchor that does not run here: say so, keep going
                             row[name] = {"error_message": f"{type(exc).__name__}: {str(exc)[:200]}"}
-                    # Rounds in a balanced order (balanced_orders): every implementation follows
+                    # Rounds in a balanced order (bench_rounds): every implementation follows
                     # every other equally often, since what ran just before moves a kernel's time
                     # by several percent (D = 256 at 35284de: ours 3.6% slower right after
                     # mem-efficient than after a pause); the median of the rounds is reported.
-                    names = list(timed)
-                    for order in balanced_orders(len(names)):
-                        for index in order:
-                            call, times = timed[names[index]]
-                            times.append(bench_ms(call, warmup=5, rep=15))
-                    for name, (call, times) in timed.items():
-                        ms = statistics.median(times)
+                    for name, (ms, times) in bench_rounds(timed).items():
                         row[name].update(ms=ms, tflops=flops / ms / 1e9, rounds_ms=times)
                     rows.append(row)
                     print_row(row)

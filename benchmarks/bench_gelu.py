@@ -12,8 +12,12 @@ Sections
   graph     80 × (Linear 1024→1024 + bias GeLU) on an 8×1024 fp16 input: eager against CUDA-graph
             replay, torch's F.gelu(F.linear(...)) beside flashext.bias_gelu
 Every implementation is checked against flashext.reference (flashext.testing's rule) on the
-benchmark's own inputs before it is timed. "copy" is a device-to-device copy moving the same
-number of bytes as the op; "ceiling" a 2 GiB copy, measured once. Writes gelu.json and gelu.png.
+benchmark's own inputs before it is timed. Each row times its implementations and "copy" (a
+device-to-device copy moving the same number of bytes as the op) in rounds of balanced order
+(benchmarks.common.bench_rounds: each follows each other equally often; the median round is
+reported, every round kept as rounds_ms): single timings of the 2-6 us calls at 2^16-2^18 moved by
+10-20% between runs. "ceiling" is a 2 GiB copy, measured at the start and the end. Writes gelu.json
+and gelu.png.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashext  # noqa: E402
 from benchmarks import seed_triton  # noqa: E402
-from benchmarks.common import bench_ms, copy_gbps, output_dir, parse_args, run_metadata, write_json  # noqa: E402
+from benchmarks.common import bench_ms, bench_rounds, copy_fn, copy_gbps, output_dir, parse_args, run_metadata, write_json  # noqa: E402
 from flashext import reference as ref  # noqa: E402
 from flashext.testing import GRADIENT_FACTOR, judge  # noqa: E402
 from flashext.triton_ref import gelu as twin  # noqa: E402
@@ -65,12 +69,9 @@ def section_add(sizes, rows, compiled):
             }
             nbytes = 3 * n * es
             row = {"section": "add", "dtype": dname, "n": n, "bytes": nbytes}
-            for name, fn in impls.items():
-                ok = validated(f"add {dname} {n} {name}", fn, want, base)
-                ms = bench_ms(fn)
-                row[name] = {"ms": ms, "gbps": gbps(nbytes, ms), "valid": ok}
+            valid = {name: validated(f"add {dname} {n} {name}", fn, want, base) for name, fn in impls.items()}
             del want, base
-            row["copy"] = {"gbps": copy_gbps(nbytes, dtype)}
+            timed_rounds(row, impls, {name: nbytes for name in impls}, valid, dtype)
             rows.append(row)
             print_row(row, ["flashext", "triton_twin", "seed_triton", "eager", "torch_compile", "copy"])
 
@@ -90,12 +91,11 @@ def section_add_bwd(sizes, rows):
                 "eager": (lambda: torch.ops.aten.gelu_backward(g, z), 3),
             }
             row = {"section": "add_bwd", "dtype": dname, "n": n, "bytes": 4 * n * es}
-            for name, (fn, tensors) in impls.items():
-                ok = validated(f"add_bwd {dname} {n} {name}", fn, want, base, GRADIENT_FACTOR)
-                ms = bench_ms(fn)
-                row[name] = {"ms": ms, "gbps": gbps(tensors * n * es, ms), "valid": ok}
+            valid = {name: validated(f"add_bwd {dname} {n} {name}", fn, want, base, GRADIENT_FACTOR)
+                     for name, (fn, _) in impls.items()}
             del want, base
-            row["copy"] = {"gbps": copy_gbps(4 * n * es, dtype)}
+            timed_rounds(row, {name: fn for name, (fn, _) in impls.items()},
+                         {name: tensors * n * es for name, (_, tensors) in impls.items()}, valid, dtype)
             rows.append(row)
             print_row(row, ["flashext", "triton_twin", "eager", "copy"])
 
@@ -119,10 +119,7 @@ def section_bias(rows, compiled, backward):
                 }
                 nbytes = 2 * m * n * es + n * es
                 row = {"section": "bias", "dtype": dname, "rows": m, "cols": n, "bytes": nbytes}
-                for name, fn in impls.items():
-                    ok = validated(f"bias {dname} {m}x{n} {name}", fn, want, base)
-                    ms = bench_ms(fn)
-                    row[name] = {"ms": ms, "gbps": gbps(nbytes, ms), "valid": ok}
+                valid = {name: validated(f"bias {dname} {m}x{n} {name}", fn, want, base) for name, fn in impls.items()}
             else:
                 g = torch.randn(m, n, device="cuda").to(dtype)
                 z = x + b
@@ -141,12 +138,10 @@ def section_bias(rows, compiled, backward):
                 }
                 nbytes = 3 * m * n * es + 2 * n * es
                 row = {"section": "bias_bwd", "dtype": dname, "rows": m, "cols": n, "bytes": nbytes}
-                for name, fn in impls.items():
-                    ok = (validated(f"bias_bwd {dname} {m}x{n} {name} grad_x", lambda: fn()[0], want_x, base_x, GRADIENT_FACTOR)
-                          and validated(f"bias_bwd {dname} {m}x{n} {name} grad_b", lambda: fn()[1], want_b, base_b, GRADIENT_FACTOR))
-                    ms = bench_ms(fn)
-                    row[name] = {"ms": ms, "gbps": gbps(nbytes, ms), "valid": ok}
-            row["copy"] = {"gbps": copy_gbps(row["bytes"], dtype)}
+                valid = {name: validated(f"bias_bwd {dname} {m}x{n} {name} grad_x", lambda fn=fn: fn()[0], want_x, base_x, GRADIENT_FACTOR)
+                         and validated(f"bias_bwd {dname} {m}x{n} {name} grad_b", lambda fn=fn: fn()[1], want_b, base_b, GRADIENT_FACTOR)
+                         for name, fn in impls.items()}
+            timed_rounds(row, impls, {name: nbytes for name in impls}, valid, dtype)
             rows.append(row)
             print_row(row, [k for k in ("flashext", "triton_twin", "eager", "torch_compile", "copy") if k in row])
 
@@ -189,6 +184,17 @@ def section_graph(rows, layers=80, batch=8, width=1024):
     print(f"graph {layers}x(Linear {width}->{width} + GeLU), batch {batch}: "
           + "  ".join(f"{k}: eager {row[k]['eager_us']:.0f} us, graph {row[k]['graph_us']:.0f} us ({row[k]['speedup']:.1f}x)"
                       for k in ("torch", "flashext")))
+
+
+def timed_rounds(row, impls, nbytes, valid, dtype):
+    """Times impls and a copy moving the row's bytes in rounds of balanced order (bench_rounds;
+    median round), filling row[name] = {ms, gbps, valid, rounds_ms} and row["copy"]."""
+    copy_call, copy_bytes = copy_fn(row["bytes"], dtype)
+    timed = bench_rounds({**impls, "copy": copy_call})
+    for name in impls:
+        ms, rounds = timed[name]
+        row[name] = {"ms": ms, "gbps": gbps(nbytes[name], ms), "valid": valid[name], "rounds_ms": rounds}
+    row["copy"] = {"ms": timed["copy"][0], "gbps": gbps(copy_bytes, timed["copy"][0]), "rounds_ms": timed["copy"][1]}
 
 
 def print_row(row, names):

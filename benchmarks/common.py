@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -25,13 +26,45 @@ def bench_ms(fn, warmup: int = 25, rep: int = 100) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def copy_gbps(nbytes_moved: int, dtype=torch.uint8) -> float:
-    """Device-to-device copy bandwidth (bytes read + written) for a copy moving `nbytes_moved`."""
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of n implementations in which each one directly follows each other one equally often
+    (Williams' design): rows of the Latin square 0, 1, n-1, 2, n-2, ... shifted by 0..n-1, and for odd
+    n their mirror images as well (2n rounds)."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(x + shift) % n for x in first] for shift in range(n)]
+    return rows + ([row[::-1] for row in rows] if n % 2 and n > 1 else [])
+
+
+def bench_rounds(fns: dict, warmup: int = 5, rep: int = 15) -> dict:
+    """Times each function of `fns` (name -> callable) in rounds of balanced order
+    (balanced_orders: each follows each other equally often, since what ran just before moves a
+    kernel's time by several percent); returns name -> (median round in ms, every round's ms)."""
+    names = list(fns)
+    times = {name: [] for name in names}
+    for order in balanced_orders(len(names)):
+        for index in order:
+            times[names[index]].append(bench_ms(fns[names[index]], warmup=warmup, rep=rep))
+    return {name: (statistics.median(t), t) for name, t in times.items()}
+
+
+def copy_fn(nbytes_moved: int, dtype=torch.uint8):
+    """A device-to-device copy moving `nbytes_moved` (bytes read + written): (call, bytes moved)."""
     elems = max(1, nbytes_moved // 2 // torch.tensor([], dtype=dtype).element_size())
     src = torch.randn(elems, device="cuda").to(dtype) if dtype.is_floating_point else torch.randint(0, 255, (elems,), device="cuda", dtype=dtype)
     dst = torch.empty_like(src)
-    ms = bench_ms(lambda: dst.copy_(src))
-    return 2 * src.numel() * src.element_size() / ms / 1e6
+    return (lambda: dst.copy_(src)), 2 * src.numel() * src.element_size()
+
+
+def copy_gbps(nbytes_moved: int, dtype=torch.uint8) -> float:
+    """Device-to-device copy bandwidth (bytes read + written) for a copy moving `nbytes_moved`."""
+    fn, moved = copy_fn(nbytes_moved, dtype)
+    return moved / bench_ms(fn) / 1e6
 
 
 def git_commit() -> str:

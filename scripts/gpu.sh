@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # flashext on a GPU machine: build, check, test, sanitize, benchmark, in one call.
 #
-#   scripts/gpu.sh [STEP ...]       STEP: build main pytest ctest sanitize bench bench_attention profile ab
-#                                   (default: all but bench_attention and profile, which take minutes)
+#   scripts/gpu.sh [STEP ...]       STEP: build main pytest ctest sanitize bench bench_attention profile
+#                                   profile_gelu ab (default: all but bench_attention and the profiles)
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PROFILE_SHAPES="bf16:256:0:512"  profile's shapes; FLASHEXT_PROFILE_SOURCE=1 adds
 #                                   per-instruction stall sampling (attention_source.csv)
@@ -87,6 +87,13 @@ profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash
   $PY benchmarks/ncu_stalls.py "$OUT/attention_stalls.csv" | tee "$OUT/attention_stalls.txt"
 }
 
+profile_gelu() {  # Nsight Compute: duration and throughput of each bias + GeLU launch (profile_gelu.py)
+  ncu --clock-control none -k regex:gelu -f -o "$OUT/gelu_profile" --section SpeedOfLight --section LaunchStats \
+    --section Occupancy $PY benchmarks/profile_gelu.py || return 1
+  ncu -i "$OUT/gelu_profile.ncu-rep" --page details >"$OUT/gelu_profile.txt"
+  grep -E "gelu|Duration|DRAM Throughput|Grid Size|Block Size" "$OUT/gelu_profile.txt"
+}
+
 ab() {
   local spec name specs
   IFS='|' read -ra specs <<<"${FLASHEXT_AB:?set FLASHEXT_AB}"
@@ -110,6 +117,7 @@ for step in "${steps[@]}"; do
     bench) run_step bench_gelu $PY benchmarks/bench_gelu.py ${BENCH_ARGS:-} ;;
     bench_attention) run_step bench_attention $PY benchmarks/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
     profile) run_step profile profile ;;
+    profile_gelu) run_step profile_gelu profile_gelu ;;
     ab) run_step ab ab ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks.bench_attention import balanced_orders
+from benchmarks.common import balanced_orders
 
 
 @pytest.mark.parametrize("n", range(1, 9))

@@ -66,10 +66,13 @@
 #ifndef FLASHEXT_FWD_RESCALE_ALWAYS
 #define FLASHEXT_FWD_RESCALE_ALWAYS -1
 #endif
-// Threads sharing a row in one pass of load_tile: 8 (128-byte segments, so each thread's copies are
-// a few row pointers plus constants); 0 = whole rows (one pointer per copy, the layout before v6).
+// Threads sharing a row in one pass of load_tile: 0 = a whole row (kChunks threads; each copy of a
+// thread has its own row pointer), or 8/16 (128/256-byte segments: a thread's copies are a few row
+// pointers plus constants, IADD3 568 -> 308 at D = 256). A/B at 9bcd387 against whole rows: 8
+// measured -1.5 to -3% at D = 256 (every point, outside the anchor's drift) and level at D = 128
+// (median +0.2%), 16 level at D = 256; whole rows stay. D = 64 (8 chunks a row) is the same either way.
 #ifndef FLASHEXT_FWD_LOAD_ROW_THREADS
-#define FLASHEXT_FWD_LOAD_ROW_THREADS 8
+#define FLASHEXT_FWD_LOAD_ROW_THREADS 0
 #endif
 #ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
@@ -134,14 +137,10 @@ FX_DEVICE uint32_t swizzled_chunk_addr(uint32_t base_c, int chunk_even) {
 
 // Copy rows [0, kRows) of a (rows_left-row, head_dim-wide) global tile into a swizzled shared tile
 // with cp.async; rows past rows_left and columns past head_dim are zero-filled. kSegThreads threads
-// share a row in each pass (8 by default: one 128-byte segment each pass, a warp covers four rows):
-// thread t copies chunks t % kSegThreads + kSegThreads · j of rows t / kSegThreads + i · kRowStep.
-// With kRowStep a multiple of 8 every row a thread copies has the same swizzle, so its shared
-// addresses are one base plus constants and its global addresses one pointer per row plus constants
-// (D = 256: 4 row pointers for 16 copies, where whole-row passes took one per copy, two 64-bit adds
-// per cp.async, and stalled on address registers of copies still in flight). Whole tiles (the
-// common case: every block but the last of a sequence, full head_dim) take a branch with no
-// predicates.
+// share a row in each pass (by default all kChunks: a warp copies whole rows at D = 256; see
+// FLASHEXT_FWD_LOAD_ROW_THREADS): thread t copies chunks t % kSegThreads + kSegThreads · j of rows
+// t / kSegThreads + i · kRowStep. Whole tiles (the common case: every block but the last of a
+// sequence, full head_dim) take a branch with no predicates.
 template <typename Config, int kRows, typename T>
 FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_left, int head_dim) {
   constexpr int kSegThreads = Config::kLoadRowThreads, kRowStep = Config::kThreads / kSegThreads;
