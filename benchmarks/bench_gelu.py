@@ -13,11 +13,11 @@ Sections
             replay, torch's F.gelu(F.linear(...)) beside flashext.bias_gelu
 Every implementation is checked against flashext.reference (flashext.testing's rule) on the
 benchmark's own inputs before it is timed. Each row times its implementations and "copy" (a
-device-to-device copy moving the same number of bytes as the op) in rounds of balanced order
-(benchmarks.common.bench_rounds: each follows each other equally often; the median round is
-reported, every round kept as rounds_ms): single timings of the 2-6 us calls at 2^16-2^18 moved by
-10-20% between runs. "ceiling" is a 2 GiB copy, measured at the start and the end. Writes gelu.json
-and gelu.png.
+device-to-device copy moving the same number of bytes as the op) call by call, interleaved, each
+call on a flushed L2 (benchmarks.common.bench_paired; the median, with the quartiles as iqr_ms):
+timed one after another, the 2-6 us calls at 2^16-2^20 moved by 10-20% between runs, and even in
+balanced rounds a round's median jumped by ~0.5 us. "ceiling" is a 2 GiB copy, measured at the
+start and the end. Writes gelu.json and gelu.png.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashext  # noqa: E402
 from benchmarks import seed_triton  # noqa: E402
-from benchmarks.common import bench_ms, bench_rounds, copy_fn, copy_gbps, output_dir, parse_args, run_metadata, write_json  # noqa: E402
+from benchmarks.common import bench_ms, bench_paired, copy_fn, copy_gbps, output_dir, parse_args, run_metadata, write_json  # noqa: E402
 from flashext import reference as ref  # noqa: E402
 from flashext.testing import GRADIENT_FACTOR, judge  # noqa: E402
 from flashext.triton_ref import gelu as twin  # noqa: E402
@@ -71,7 +71,7 @@ def section_add(sizes, rows, compiled):
             row = {"section": "add", "dtype": dname, "n": n, "bytes": nbytes}
             valid = {name: validated(f"add {dname} {n} {name}", fn, want, base) for name, fn in impls.items()}
             del want, base
-            timed_rounds(row, impls, {name: nbytes for name in impls}, valid, dtype)
+            timed_paired(row, impls, {name: nbytes for name in impls}, valid, dtype)
             rows.append(row)
             print_row(row, ["flashext", "triton_twin", "seed_triton", "eager", "torch_compile", "copy"])
 
@@ -94,7 +94,7 @@ def section_add_bwd(sizes, rows):
             valid = {name: validated(f"add_bwd {dname} {n} {name}", fn, want, base, GRADIENT_FACTOR)
                      for name, (fn, _) in impls.items()}
             del want, base
-            timed_rounds(row, {name: fn for name, (fn, _) in impls.items()},
+            timed_paired(row, {name: fn for name, (fn, _) in impls.items()},
                          {name: tensors * n * es for name, (_, tensors) in impls.items()}, valid, dtype)
             rows.append(row)
             print_row(row, ["flashext", "triton_twin", "eager", "copy"])
@@ -141,7 +141,7 @@ def section_bias(rows, compiled, backward):
                 valid = {name: validated(f"bias_bwd {dname} {m}x{n} {name} grad_x", lambda fn=fn: fn()[0], want_x, base_x, GRADIENT_FACTOR)
                          and validated(f"bias_bwd {dname} {m}x{n} {name} grad_b", lambda fn=fn: fn()[1], want_b, base_b, GRADIENT_FACTOR)
                          for name, fn in impls.items()}
-            timed_rounds(row, impls, {name: nbytes for name in impls}, valid, dtype)
+            timed_paired(row, impls, {name: nbytes for name in impls}, valid, dtype)
             rows.append(row)
             print_row(row, [k for k in ("flashext", "triton_twin", "eager", "torch_compile", "copy") if k in row])
 
@@ -186,15 +186,15 @@ def section_graph(rows, layers=80, batch=8, width=1024):
                       for k in ("torch", "flashext")))
 
 
-def timed_rounds(row, impls, nbytes, valid, dtype):
-    """Times impls and a copy moving the row's bytes in rounds of balanced order (bench_rounds;
-    median round), filling row[name] = {ms, gbps, valid, rounds_ms} and row["copy"]."""
+def timed_paired(row, impls, nbytes, valid, dtype):
+    """Times impls and a copy moving the row's bytes call by call, interleaved (bench_paired;
+    median), filling row[name] = {ms, gbps, valid, iqr_ms, iters} and row["copy"]."""
     copy_call, copy_bytes = copy_fn(row["bytes"], dtype)
-    timed = bench_rounds({**impls, "copy": copy_call})
-    for name in impls:
-        ms, rounds = timed[name]
-        row[name] = {"ms": ms, "gbps": gbps(nbytes[name], ms), "valid": valid[name], "rounds_ms": rounds}
-    row["copy"] = {"ms": timed["copy"][0], "gbps": gbps(copy_bytes, timed["copy"][0]), "rounds_ms": timed["copy"][1]}
+    timed = bench_paired({**impls, "copy": copy_call})
+    for name in list(impls) + ["copy"]:
+        ms, iqr, iters = timed[name]
+        row[name] = {"ms": ms, "gbps": gbps(copy_bytes if name == "copy" else nbytes[name], ms), "iqr_ms": iqr,
+                     "iters": iters, **({} if name == "copy" else {"valid": valid[name]})}
 
 
 def print_row(row, names):

@@ -53,6 +53,40 @@ def bench_rounds(fns: dict, warmup: int = 5, rep: int = 15) -> dict:
     return {name: (statistics.median(t), t) for name, t in times.items()}
 
 
+def bench_paired(fns: dict, budget_ms: float = 150.0, max_iters: int = 1000) -> dict:
+    """Times the functions of `fns` (name -> callable) call by call, interleaved: each iteration
+    flushes L2 (a 256 MB memset, as do_bench) and times one call of every function, in an order
+    rotated per iteration. Slow changes of the GPU's state (the 2-8 us calls of small sizes move
+    by ~0.5 us for tens of milliseconds at a time) then hit every function alike, where timing one
+    function after another lets them decide the comparison. Returns name -> (median ms,
+    (25th, 75th percentile ms), iterations)."""
+    names = list(fns)
+    cache = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    for fn in fns.values():  # warm up, and estimate the per-call times for the iteration count
+        for _ in range(3):
+            fn()
+    estimate = {name: bench_ms(fns[name], warmup=1, rep=5) for name in names}
+    per_iter = sum(estimate.values()) + len(names) * 0.08  # plus the flushes
+    iters = int(min(max_iters, max(20, budget_ms / per_iter)))
+    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                     for _ in range(iters)] for name in names}
+    for i in range(iters):
+        for k in range(len(names)):
+            name = names[(i + k) % len(names)]
+            cache.zero_()
+            start, end = events[name][i]
+            start.record()
+            fns[name]()
+            end.record()
+    torch.cuda.synchronize()
+    result = {}
+    for name in names:
+        times = sorted(start.elapsed_time(end) for start, end in events[name])
+        quantile = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
+        result[name] = (statistics.median(times), (quantile(0.25), quantile(0.75)), iters)
+    return result
+
+
 def copy_fn(nbytes_moved: int, dtype=torch.uint8):
     """A device-to-device copy moving `nbytes_moved` (bytes read + written): (call, bytes moved)."""
     elems = max(1, nbytes_moved // 2 // torch.tensor([], dtype=dtype).element_size())

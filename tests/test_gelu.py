@@ -173,6 +173,19 @@ def test_bias_gelu_many_rows(dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_bias_gelu_few_rows_one_pass(dtype, approximate):
+    # up to 1024 rows of wide, aligned columns: the backward's one-launch path (a block per column
+    # strip walks every row); 16008 columns leave a part-filled last strip, 67 rows a part-filled
+    # last batch of rows
+    check_bias_gelu(randn(67, 16008, dtype=dtype), randn(16008, dtype=dtype), approximate)
+    check_bias_gelu(randn(1024, 16008, dtype=dtype), randn(16008, dtype=dtype), approximate)
+    check_bias_gelu(randn(2, 33, 16008, dtype=dtype), randn(16008, dtype=dtype), approximate)
+    check_bias_gelu(randn(67, 16040, dtype=dtype)[:, :16008], randn(16008, dtype=dtype), approximate)  # row stride
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_bias_gelu_views(dtype):
     wide = randn(300, 2 * 520, dtype=dtype)

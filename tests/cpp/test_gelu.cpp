@@ -195,6 +195,20 @@ TEST(AddGeluPlan, SmallTensorsGetSmallerBlocks) {
   }
 }
 
+TEST(BiasGeluPlan, FewRowsOfWideColumnsTakeOnePass) {
+  if (!flashext::bias_gelu_bwd_one_pass_enabled()) GTEST_SKIP() << "built with FLASHEXT_GELU_BIAS_BWD_ONE_PASS=0";
+  // 256 x 16384 (bench_gelu's small shape): 512 strips of 32 columns (16-bit), 1024 of 16 (fp32)
+  EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(256, 16384, 8, 132));
+  EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(256, 16384, 4, 132));
+  EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(1, 8448, 8, 132));  // exactly two strips per SM
+  EXPECT_FALSE(flashext::bias_gelu_bwd_one_pass(1, 8416, 8, 132));  // 263 strips
+  EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(flashext::BiasBwdOnePass::kMaxRows, 16384, 8, 132));
+  EXPECT_FALSE(flashext::bias_gelu_bwd_one_pass(flashext::BiasBwdOnePass::kMaxRows + 1, 16384, 8, 132));
+  EXPECT_FALSE(flashext::bias_gelu_bwd_one_pass(8192, 16384, 8, 132));  // many rows: two kernels
+  EXPECT_FALSE(flashext::bias_gelu_bwd_one_pass(256, 16384, 1, 132));  // unaligned: scalar path
+  EXPECT_FALSE(flashext::bias_gelu_bwd_one_pass(256, 4096, 8, 132));  // 128 strips for 132 SMs
+}
+
 TEST(BiasGeluPlan, VectorWidthFollowsAlignment) {
   alignas(16) static char buffer[256];
   const void* aligned[] = {buffer, buffer + 32};
@@ -337,8 +351,15 @@ void run_bias_gelu_case(int64_t rows, int64_t cols, int64_t row_stride, GeluAppr
   bwd.x_row_stride = row_stride;
   bwd.dtype = fwd.dtype;
   bwd.approximate = approx;
-  EXPECT_EQ(flashext::run_bias_gelu_bwd(bwd, nullptr), cudaErrorInvalidValue);  // no workspace yet
-  DeviceBuffer workspace(flashext::bias_gelu_bwd_workspace_bytes(bwd));
+  const size_t workspace_bytes = flashext::bias_gelu_bwd_workspace_bytes(bwd);
+  const void* ptrs[] = {dg.ptr, dx.ptr, db.ptr, dgx.ptr};
+  const int vec = flashext::bias_gelu_vec_width(ptrs, 4, cols, row_stride, dtype_of<T>());
+  int sm_count = 0;
+  cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0);
+  const bool one_pass = flashext::bias_gelu_bwd_one_pass(rows, cols, vec, sm_count);
+  EXPECT_EQ(workspace_bytes == 0, one_pass);  // one pass: no partial sums
+  if (!one_pass) EXPECT_EQ(flashext::run_bias_gelu_bwd(bwd, nullptr), cudaErrorInvalidValue);  // no workspace yet
+  DeviceBuffer workspace(workspace_bytes);
   bwd.workspace = static_cast<float*>(workspace.ptr);
   ASSERT_EQ(flashext::run_bias_gelu_bwd(bwd, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -387,6 +408,10 @@ TYPED_TEST(GeluKernels, BiasGeluAgainstCpuReference) {
   run_bias_gelu_case<TypeParam>(113, 256, 256, GeluApprox::kNone);
   run_bias_gelu_case<TypeParam>(300, 264, 1000, GeluApprox::kTanh);  // strided rows
   run_bias_gelu_case<TypeParam>(2049, 64, 64, GeluApprox::kNone);  // several row groups
+  // Few rows of wide aligned columns: the backward in one launch (BiasBwdOnePass) on GPUs with up
+  // to 250 SMs; 16008 columns leave a part-filled last strip, 67 rows a part-filled row batch.
+  run_bias_gelu_case<TypeParam>(67, 16008, 16008, GeluApprox::kNone);
+  run_bias_gelu_case<TypeParam>(67, 16008, 16040, GeluApprox::kTanh);  // strided rows
 }
 
 TEST(GeluKernels, RefusesBadSizes) {

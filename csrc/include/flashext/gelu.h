@@ -94,8 +94,23 @@ int flat_block_threads(int64_t packs, int sm_count);
 int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int64_t x_row_stride,
                         DType dtype);
 
-// The plan run_bias_gelu_bwd uses on the current device, and the fp32 workspace it needs:
-// grid_y × cols partial column sums.
+// Bias + GeLU backward over few rows, in one launch (bias_gelu_bwd_one_pass): a block of
+// kColThreads × kRowThreads threads owns a strip of kColThreads · vec columns and walks every row,
+// kUnroll rows in flight per thread, then reduces its strip's bias gradient in shared memory; no
+// partial sums, no second kernel. Taken when the rows are few (≤ kMaxRows), the layout is
+// vectorized, and the strips alone give at least two blocks per SM.
+struct BiasBwdOnePass {
+  static constexpr int kColThreads = 4;
+  static constexpr int kRowThreads = 64;
+  static constexpr int kUnroll = 4;
+  static constexpr int64_t kMaxRows = 1024;
+};
+bool bias_gelu_bwd_one_pass(int64_t rows, int64_t cols, int vec, int sm_count);
+// False only in builds with -DFLASHEXT_GELU_BIAS_BWD_ONE_PASS=0 (the A/B switch; nvcc flags).
+bool bias_gelu_bwd_one_pass_enabled();
+
+// The plan run_bias_gelu_bwd uses on the current device when not in one pass, and the fp32
+// workspace it needs: grid_y × cols partial column sums (none in one pass).
 RowColPlan plan_bias_gelu_bwd(const BiasGeluBwdParams& params);
 size_t bias_gelu_bwd_workspace_bytes(const BiasGeluBwdParams& params);
 

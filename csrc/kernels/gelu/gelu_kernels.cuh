@@ -24,6 +24,9 @@
 //   at most 8 × 32 × 8 × 4 B = 8 KiB, reduced over threadIdx.y.
 // bias_grad_reduce_kernel<T>: grad_bias[c] = Σ_g partial[g, c], 32 columns × 8 slices of g per
 //   block, then a shared-memory sum over the slices. Deterministic (no atomics).
+// bias_gelu_bwd_one_pass_kernel<T, kVec>: the backward for few rows in one launch (BiasBwdOnePass
+//   in flashext/gelu.h): a block per narrow column strip walks every row and writes grad_bias
+//   itself. Deterministic as well.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -71,6 +74,7 @@ struct RowColArgs {
   int64_t x_row_stride;
   int64_t rows_per_block;
   bool tanh_form;
+  void* grad_bias;  // cols, backward in one pass only (bias_gelu_bwd_one_pass_kernel)
 };
 
 // dst = gelu(z) forward, g · gelu'(z) backward, for results of type T. The form is a template
@@ -243,6 +247,77 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
     for (int s = 0; s < kReduceSlices; ++s) total += smem[s][threadIdx.x];
     grad_bias[col] = from_float<T>(total);
   }
+}
+
+// Few rows, one launch (BiasBwdOnePass): block b owns columns [b · kCols, (b + 1) · kCols),
+// kCols = kColThreads · kVec; thread (tx, ty) = (t % kColThreads, t / kColThreads) walks the rows
+// ty + kRowThreads · i, kUnroll of them loaded before any is used. Its fp32 bias-gradient sums
+// then go through shared memory ([ty][tx · kVec + e], rows padded by one float), kSlices =
+// block / kCols threads per column add every kSlices-th row thread's sum, and a shuffle across
+// those kSlices neighbouring lanes finishes the column (kSlices ≤ 32: vectorized layouts only).
+template <typename T, int kVec, bool kTanh>
+__global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads, 2)
+    bias_gelu_bwd_one_pass_kernel(const RowColArgs args) {
+  constexpr int kColThreads = BiasBwdOnePass::kColThreads, kRowThreads = BiasBwdOnePass::kRowThreads;
+  constexpr int kUnroll = BiasBwdOnePass::kUnroll, kThreads = kColThreads * kRowThreads;
+  constexpr int kCols = kColThreads * kVec, kSlices = kThreads / kCols;
+  static_assert(kVec > 1 && kSlices <= 32 && kRowThreads % kSlices == 0, "one lane group per column");
+  using P = Pack<T, kVec>;
+  const T* x = static_cast<const T*>(args.x);
+  const T* grad_out = static_cast<const T*>(args.grad_out);
+  T* dst = static_cast<T*>(args.dst);
+  const int tx = threadIdx.x % kColThreads, ty = threadIdx.x / kColThreads;
+  const int64_t col_pack = int64_t(blockIdx.x) * kColThreads + tx;
+  const bool col_valid = col_pack * kVec < args.cols;  // cols % kVec == 0
+  const int64_t x_row_packs = args.x_row_stride / kVec, dst_row_packs = args.cols / kVec;
+
+  float bias[kVec], bias_grad[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) bias_grad[e] = 0.0f;
+  if (col_valid) {
+    const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) bias[e] = to_float(bias_pack.elem[e]);
+    for (int64_t row0 = ty; row0 < args.rows; row0 += kRowThreads * kUnroll) {
+      P x_pack[kUnroll], g_pack[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t row = row0 + u * kRowThreads;
+        if (row < args.rows) {
+          x_pack[u] = load_pack<T, kVec>(x, row * x_row_packs + col_pack);
+          g_pack[u] = load_pack<T, kVec>(grad_out, row * dst_row_packs + col_pack);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t row = row0 + u * kRowThreads;
+        if (row < args.rows) {
+          P out;
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) {
+            const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(to_float(x_pack[u].elem[e]) + bias[e],
+                                                                           to_float(g_pack[u].elem[e]));
+            out.elem[e] = from_float<T>(value);
+            bias_grad[e] += value;  // fp32, before rounding to T
+          }
+          store_pack<T, kVec>(dst, row * dst_row_packs + col_pack, out);
+        }
+      }
+    }
+  }
+
+  __shared__ float smem[kRowThreads][kCols + 1];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) smem[ty][tx * kVec + e] = bias_grad[e];
+  __syncthreads();  // every row thread's sums are in shared memory
+  const int col = threadIdx.x / kSlices, slice = threadIdx.x % kSlices;
+  float sum = 0.0f;
+#pragma unroll
+  for (int r = slice; r < kRowThreads; r += kSlices) sum += smem[r][col];
+#pragma unroll
+  for (int offset = kSlices / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const int64_t out_col = int64_t(blockIdx.x) * kCols + col;
+  if (slice == 0 && out_col < args.cols) static_cast<T*>(args.grad_bias)[out_col] = from_float<T>(sum);
 }
 
 // ---- launch helpers -----------------------------------------------------------------------

@@ -53,8 +53,21 @@ RowColPlan plan_bias_gelu_bwd(const BiasGeluBwdParams& p) {
   return plan_bias_gelu(p.rows, p.cols, vec, std::max<int64_t>(1, max_groups), /*row_unroll=*/1);
 }
 
+bool bias_gelu_bwd_one_pass(int64_t rows, int64_t cols, int vec, int sm_count) {
+  if (!bias_gelu_bwd_one_pass_enabled() || vec <= 1 || rows > BiasBwdOnePass::kMaxRows) return false;
+  return ceil_div(cols, int64_t(vec) * BiasBwdOnePass::kColThreads) >= 2 * int64_t(sm_count);
+}
+
+namespace {
+bool one_pass_plan(const BiasGeluBwdParams& p) {
+  const void* ptrs[] = {p.grad_out, p.x, p.bias, p.grad_x};
+  const int vec = bias_gelu_vec_width(ptrs, 4, p.cols, p.x_row_stride, p.dtype);
+  return bias_gelu_bwd_one_pass(p.rows, p.cols, vec, current_device_sm_count());
+}
+}  // namespace
+
 size_t bias_gelu_bwd_workspace_bytes(const BiasGeluBwdParams& p) {
-  if (p.rows <= 0 || p.cols <= 0) return 0;
+  if (p.rows <= 0 || p.cols <= 0 || one_pass_plan(p)) return 0;
   const RowColPlan plan = plan_bias_gelu_bwd(p);
   return size_t(plan.grid_y) * size_t(p.cols) * sizeof(float);
 }
