@@ -95,14 +95,13 @@ int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int
                         DType dtype);
 
 // Bias + GeLU backward over few rows, in one launch (bias_gelu_bwd_one_pass): a block of
-// kColThreads × kRowThreads threads owns a strip of kColThreads · vec columns and walks every row,
-// kUnroll rows in flight per thread, then reduces its strip's bias gradient in shared memory; no
+// kColThreads × kRowThreads threads owns a strip of kColThreads · vec columns and walks every row
+// (a few rows in flight per thread), then reduces its strip's bias gradient in shared memory; no
 // partial sums, no second kernel. Taken when the rows are few (≤ kMaxRows), the layout is
 // vectorized, and the strips alone give at least two blocks per SM.
 struct BiasBwdOnePass {
   static constexpr int kColThreads = 4;
   static constexpr int kRowThreads = 64;
-  static constexpr int kUnroll = 4;
   static constexpr int64_t kMaxRows = 1024;
 };
 bool bias_gelu_bwd_one_pass(int64_t rows, int64_t cols, int vec, int sm_count);

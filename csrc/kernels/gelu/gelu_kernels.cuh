@@ -255,11 +255,19 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // then go through shared memory ([ty][tx · kVec + e], rows padded by one float), kSlices =
 // block / kCols threads per column add every kSlices-th row thread's sum, and a shuffle across
 // those kSlices neighbouring lanes finishes the column (kSlices ≤ 32: vectorized layouts only).
+// Rows in flight per thread and resident blocks per SM (the register cap): 4 rows fit 2 blocks
+// (122 registers), 2 rows 4 blocks (64; bf16 spills ~30 bytes), 1 row 4 blocks.
+#ifndef FLASHEXT_GELU_ONE_PASS_UNROLL
+#define FLASHEXT_GELU_ONE_PASS_UNROLL 4
+#endif
+#ifndef FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS
+#define FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS 2
+#endif
 template <typename T, int kVec, bool kTanh>
-__global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads, 2)
+__global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads, FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS)
     bias_gelu_bwd_one_pass_kernel(const RowColArgs args) {
   constexpr int kColThreads = BiasBwdOnePass::kColThreads, kRowThreads = BiasBwdOnePass::kRowThreads;
-  constexpr int kUnroll = BiasBwdOnePass::kUnroll, kThreads = kColThreads * kRowThreads;
+  constexpr int kUnroll = FLASHEXT_GELU_ONE_PASS_UNROLL, kThreads = kColThreads * kRowThreads;
   constexpr int kCols = kColThreads * kVec, kSlices = kThreads / kCols;
   static_assert(kVec > 1 && kSlices <= 32 && kRowThreads % kSlices == 0, "one lane group per column");
   using P = Pack<T, kVec>;
