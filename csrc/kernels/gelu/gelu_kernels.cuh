@@ -251,17 +251,20 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 
 // Few rows, one launch (BiasBwdOnePass): block b owns columns [b · kCols, (b + 1) · kCols),
 // kCols = kColThreads · kVec; thread (tx, ty) = (t % kColThreads, t / kColThreads) walks the rows
-// ty + kRowThreads · i, kUnroll of them loaded before any is used. Its fp32 bias-gradient sums
+// ty + kRowThreads · i, kUnroll at a time (1 by default: see the macros below). Its fp32 bias-gradient sums
 // then go through shared memory ([ty][tx · kVec + e], rows padded by one float), kSlices =
 // block / kCols threads per column add every kSlices-th row thread's sum, and a shuffle across
 // those kSlices neighbouring lanes finishes the column (kSlices ≤ 32: vectorized layouts only).
-// Rows in flight per thread and resident blocks per SM (the register cap): 4 rows fit 2 blocks
-// (122 registers), 2 rows 4 blocks (64; bf16 spills ~30 bytes), 1 row 4 blocks.
+// Rows in flight per thread and resident blocks per SM (the register cap). A/B at dc860a6, 256 ×
+// 16384, of a same-bytes copy: 1 row at 4 blocks 0.76 fp32 / 0.79 fp16 / 0.79 bf16; 2 rows at 4
+// blocks (64 registers, bf16 spills) 0.75 / 0.76 / 0.60; 4 rows at 2 blocks (122 registers)
+// 0.73 / 0.70 / 0.73; the two-kernel path 0.72 / 0.66 / 0.65. Occupancy beats rows in flight
+// here, as in the flat kernel: the backward's math needs the warps to hide its latency.
 #ifndef FLASHEXT_GELU_ONE_PASS_UNROLL
-#define FLASHEXT_GELU_ONE_PASS_UNROLL 4
+#define FLASHEXT_GELU_ONE_PASS_UNROLL 1
 #endif
 #ifndef FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS
-#define FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS 2
+#define FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS 4
 #endif
 template <typename T, int kVec, bool kTanh>
 __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads, FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS)
