@@ -251,11 +251,13 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 
 // Few rows, one launch (BiasBwdOnePass): block b owns columns [b · kCols, (b + 1) · kCols),
 // kCols = kColThreads · kVec; thread (tx, ty) = (t % kColThreads, t / kColThreads) walks the rows
-// ty + kRowThreads · i, kUnroll at a time (1 by default: see the macros below). Its fp32 bias-gradient sums
-// then go through shared memory ([ty][tx · kVec + e], rows padded by one float), kSlices =
-// block / kCols threads per column add every kSlices-th row thread's sum, and a shuffle across
-// those kSlices neighbouring lanes finishes the column (kSlices ≤ 32: vectorized layouts only).
-// Rows in flight per thread and resident blocks per SM (the register cap). A/B at dc860a6, 256 ×
+// ty + kRowThreads · i, kUnroll at a time. Its fp32 bias-gradient sums then go through shared
+// memory ([ty][tx · kVec + e], rows padded by one float), kSlices = block / kCols threads per
+// column add every kSlices-th row thread's sum, and a shuffle across those kSlices neighbouring
+// lanes finishes the column (kSlices ≤ 32: vectorized layouts only).
+//
+// kUnroll (rows in flight per thread) and the resident blocks per SM (the register cap) are A/B
+// macros. A/B at dc860a6, 256 ×
 // 16384, of a same-bytes copy: 1 row at 4 blocks 0.76 fp32 / 0.79 fp16 / 0.79 bf16; 2 rows at 4
 // blocks (64 registers, bf16 spills) 0.75 / 0.76 / 0.60; 4 rows at 2 blocks (122 registers)
 // 0.73 / 0.70 / 0.73; the two-kernel path 0.72 / 0.66 / 0.65. Occupancy beats rows in flight
