@@ -74,6 +74,13 @@
 #ifndef FLASHEXT_FWD_LOAD_ROW_THREADS
 #define FLASHEXT_FWD_LOAD_ROW_THREADS 0
 #endif
+// Single-buffered head dims (D = 256): issue this block's V copies a few per k-step of Q Kᵀ (one
+// per k-step at D = 256) instead of all 16 before it, for whole tiles; the tail tile loads at once.
+// Off (not yet measured): the ncu sampling at c59835e put the copies' issue at ~10% of the loop's
+// warp samples, and issuing them back to back measured slower (FLASHEXT_FWD_LOAD_ROW_THREADS).
+#ifndef FLASHEXT_FWD_SPREAD_V
+#define FLASHEXT_FWD_SPREAD_V 0
+#endif
 #ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
 #endif
@@ -177,10 +184,34 @@ FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_le
   }
 }
 
+// The copies of one whole tile (load_tile's branch without predicates), issued a few at a time:
+// issue(c) for c = 0 .. kCount - 1, in increasing order (each row's pointer follows the previous
+// one's). For FLASHEXT_FWD_SPREAD_V.
+template <typename Config, int kRows, typename T>
+struct TileCopies {
+  static constexpr int kSegThreads = Config::kLoadRowThreads, kRowStep = Config::kThreads / kSegThreads;
+  static constexpr int kSegments = Config::kChunks / kSegThreads, kCount = kRows / kRowStep * kSegments;
+  const T* src;
+  int64_t src_step;
+  uint32_t dst0;
+  FX_DEVICE TileCopies(T* smem, const T* gmem, int64_t row_stride)
+      : src(gmem + int64_t(threadIdx.x / kSegThreads) * row_stride + (threadIdx.x % kSegThreads) * 8),
+        src_step(kRowStep * row_stride),
+        dst0(ptx::smem_addr(smem) + 2 * swizzled<Config::kHeadDim>(threadIdx.x / kSegThreads, threadIdx.x % kSegThreads)) {}
+  FX_DEVICE void issue(int c) {
+    const int i = c / kSegments, j = c % kSegments;
+    const uint32_t dst = (dst0 ^ uint32_t(((i * kRowStep) & 7) << 4)) +
+                         uint32_t(2 * (i * kRowStep * Config::kHeadDim + j * kSegThreads * 8));
+    ptx::cp_async_16(dst, src + j * kSegThreads * 8, 16);
+    if (j == kSegments - 1) src += src_step;
+  }
+};
+
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const FlashFwdParams p) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kMTiles = Config::kMTiles;
+  constexpr bool kSpreadV = FLASHEXT_FWD_SPREAD_V && !Config::kDoubleBuffer;
   constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per row tile
   constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per row tile
   extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: see swizzled_chunk_addr
@@ -278,6 +309,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     const int buffer = Config::kDoubleBuffer ? it % 2 : 0;
     const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
     const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
+    // kSpreadV: a whole V tile goes out a few copies per k-step of Q Kᵀ (v_copies).
+    [[maybe_unused]] const bool v_spread = kSpreadV && seqlen_k - n_start >= kBlockN && p.head_dim == kHeadDim;
+    [[maybe_unused]] TileCopies<Config, kBlockN, T> v_copies(smem_v, v + int64_t(n_start) * p.v_row_stride,
+                                                            p.v_row_stride);
     if (Config::kDoubleBuffer && it == 0) {
       ptx::cp_async_wait<1>();  // Q and the first K; the first V may still be in flight
     } else {
@@ -290,12 +325,13 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         load_k(smem_k + other * Config::kTileKV, n_start + kBlockN);
         load_v(smem_v + other * Config::kTileKV, n_start + kBlockN);
       }
-    } else {  // this block's V loads while Q Kᵀ runs
+    } else if (!v_spread) {  // this block's V loads while Q Kᵀ runs (under kSpreadV: the tail tile)
       load_v(smem_v, n_start);
     }
-    ptx::cp_async_commit();
+    if constexpr (!kSpreadV) ptx::cp_async_commit();
 
-    // S = Q Kᵀ for this warp's kMTiles × 16 rows × kBlockN columns.
+    // S = Q Kᵀ for this warp's kMTiles × 16 rows × kBlockN columns (under kSpreadV, with this
+    // block's V copies a few per k-step).
     float s[kMTiles][kNTiles][4];
 #pragma unroll
     for (int i = 0; i < kMTiles; ++i)
@@ -318,7 +354,16 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
           ptx::mma_16816<T>(s[i][2 * jp + 1], q_frag[i], k_frag[2], k_frag[3]);
         }
       }
+      if constexpr (kSpreadV) {
+        constexpr int kPerStep = TileCopies<Config, kBlockN, T>::kCount / (kHeadDim / 16);
+        static_assert(kPerStep * (kHeadDim / 16) == TileCopies<Config, kBlockN, T>::kCount, "whole copies per k-step");
+#pragma unroll
+        for (int c = 0; c < kPerStep; ++c) {
+          if (v_spread) v_copies.issue(kk * kPerStep + c);
+        }
+      }
     }
+    if constexpr (kSpreadV) ptx::cp_async_commit();
 
     // This block's V is waited for before P V: right after Q Kᵀ (kEarlyK) or after the softmax.
     // Single-buffered, every warp is then done with K, so the next K starts loading into it.
