@@ -186,7 +186,8 @@ FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_le
 
 // The copies of one whole tile (load_tile's branch without predicates), issued a few at a time:
 // issue(c) for c = 0 .. kCount - 1, in increasing order (each row's pointer follows the previous
-// one's). For FLASHEXT_FWD_SPREAD_V.
+// one's). For FLASHEXT_FWD_SPREAD_V. The same copies as load_tile's whole-tile branch; routing
+// load_tile through this struct changed the machine code of every head dim, so both stay.
 template <typename Config, int kRows, typename T>
 struct TileCopies {
   static constexpr int kSegThreads = Config::kLoadRowThreads, kRowStep = Config::kThreads / kSegThreads;
