@@ -11,6 +11,14 @@ import sys
 from pathlib import Path
 
 
+def table(columns: list[str], lines) -> None:
+    """A markdown table: the header row, its rule, then one row per list of cells in `lines`."""
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for cells in lines:
+        print("| " + " | ".join(cells) + " |")
+
+
 def attention_tables(payload) -> None:
     meta, rows = payload["meta"], payload["rows"]
     print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit `{meta['commit'][:10]}`, "
@@ -23,38 +31,31 @@ def attention_tables(payload) -> None:
         cell = row.get(name, {})
         return cell["ms"] / row["flashext"]["ms"] if "ms" in cell else None
 
-    print("| head dim | vs " + " | vs ".join(anchors) + " |")
-    print("|---|" + "---|" * len(anchors))
-    for head_dim in sorted({r["head_dim"] for r in fwd}):
-        cells = []
+    def worst_median(head_dim):
         for name in anchors:
             values = [x for x in (ratio(r, name) for r in fwd if r["head_dim"] == head_dim) if x is not None]
-            cells.append(f"{min(values):.2f}× / {statistics.median(values):.2f}×" if values else "n/a")
-        print(f"| {head_dim} | " + " | ".join(cells) + " |")
+            yield f"{min(values):.2f}× / {statistics.median(values):.2f}×" if values else "n/a"
+
+    table(["head dim"] + [f"vs {name}" for name in anchors],
+          ([str(d), *worst_median(d)] for d in sorted({r["head_dim"] for r in fwd})))
     print("\n(worst / median over fp16 and bf16, causal and not, S = 512 … 16384)\n")
-    print("| dtype | D | mask | S | flashext TFLOP/s | SDPA flash | cuDNN | FlexAttention | Triton twin |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in fwd:
-        cells = [f"{r[n]['tflops']:.0f}" if "tflops" in r.get(n, {}) else "n/a"
-                 for n in ("sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin")]
-        print(f"| {r['dtype']} | {r['head_dim']} | {'causal' if r['causal'] else 'full'} | {r['seqlen']} | "
-              f"{r['flashext']['tflops']:.0f} | " + " | ".join(cells) + " |")
+    table(["dtype", "D", "mask", "S", "flashext TFLOP/s", "SDPA flash", "cuDNN", "FlexAttention", "Triton twin"],
+          ([r["dtype"], str(r["head_dim"]), "causal" if r["causal"] else "full", str(r["seqlen"]),
+            f"{r['flashext']['tflops']:.0f}",
+            *(f"{r[n]['tflops']:.0f}" if "tflops" in r.get(n, {}) else "n/a"
+              for n in ("sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin"))] for r in fwd))
     memory = [r for r in rows if r["section"] == "memory"]
     if memory:
         print("\n**Peak extra memory** of the forward (B = 1, H = 1, D = 128, fp16): what the call allocates, its output and lse included\n")
-        print("| S | flashext | SDPA math |")
-        print("|---|---|---|")
-        for r in memory:
-            print(f"| {r['seqlen']} | {r['flashext']['peak_extra_mib']:.0f} MiB | "
-                  f"{r['sdpa_math'].get('peak_extra_mib', float('nan')):.0f} MiB |")
+        table(["S", "flashext", "SDPA math"],
+              ([str(r["seqlen"]), f"{r['flashext']['peak_extra_mib']:.0f} MiB",
+                f"{r['sdpa_math'].get('peak_extra_mib', float('nan')):.0f} MiB"] for r in memory))
     softmax = [r for r in rows if r["section"] == "softmax"]
     if softmax:
         print("\n**online_softmax** — GB/s counting one read and one write\n")
-        print("| dtype | rows × cols | flashext GB/s | torch.softmax GB/s | speedup |")
-        print("|---|---|---|---|---|")
-        for r in softmax:
-            print(f"| {r['dtype']} | {r['rows']}×{r['cols']} | {r['flashext']['gbps']:.0f} | {r['torch']['gbps']:.0f} | "
-                  f"{r['torch']['ms'] / r['flashext']['ms']:.2f}× |")
+        table(["dtype", "rows × cols", "flashext GB/s", "torch.softmax GB/s", "speedup"],
+              ([r["dtype"], f"{r['rows']}×{r['cols']}", f"{r['flashext']['gbps']:.0f}", f"{r['torch']['gbps']:.0f}",
+                f"{r['torch']['ms'] / r['flashext']['ms']:.2f}×"] for r in softmax))
 
 
 def main(path: str) -> None:
@@ -71,46 +72,43 @@ def main(path: str) -> None:
     def speedup(row, name):
         return f"{row[name]['ms'] / row['flashext']['ms']:.2f}×" if name in row else ""
 
+    def bandwidth(row):  # flashext GB/s, of the ceiling, of a same-bytes copy
+        ours = row["flashext"]["gbps"]
+        return [f"{ours:.0f}", f"{ours / ceiling:.2f}", f"{ours / row['copy']['gbps']:.2f}"]
+
+    def size(row):
+        return f"2^{row['n'].bit_length() - 1}"
+
     print("**gelu(x + y)** — GB/s counting x, y and the output; ratios are time(anchor) / time(flashext)\n")
-    print("| dtype | n | flashext GB/s | of ceiling | of same-bytes copy | vs Triton twin | vs seed Triton | vs eager | vs torch.compile |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        if row["section"] == "add":
-            ours = row["flashext"]["gbps"]
-            print(f"| {row['dtype']} | 2^{row['n'].bit_length() - 1} | {ours:.0f} | {ours / ceiling:.2f} | "
-                  f"{ours / row['copy']['gbps']:.2f} | {speedup(row, 'triton_twin')} | {speedup(row, 'seed_triton')} | "
-                  f"{speedup(row, 'eager')} | {speedup(row, 'torch_compile')} |")
+    table(["dtype", "n", "flashext GB/s", "of ceiling", "of same-bytes copy", "vs Triton twin", "vs seed Triton",
+           "vs eager", "vs torch.compile"],
+          ([row["dtype"], size(row), *bandwidth(row),
+            *(speedup(row, a) for a in ("triton_twin", "seed_triton", "eager", "torch_compile"))]
+           for row in rows if row["section"] == "add"))
 
     print("\n**backward, grad · gelu′(x + y)** — flashext and the twin read grad, x, y and write one tensor (4 tensors); "
           "eager `aten.gelu_backward` reads grad and the z = x + y that autograd saved (3 tensors)\n")
-    print("| dtype | n | flashext GB/s | of ceiling | of same-bytes copy | vs Triton twin | vs eager (time) |")
-    print("|---|---|---|---|---|---|---|")
-    for row in rows:
-        if row["section"] == "add_bwd":
-            ours = row["flashext"]["gbps"]
-            print(f"| {row['dtype']} | 2^{row['n'].bit_length() - 1} | {ours:.0f} | {ours / ceiling:.2f} | "
-                  f"{ours / row['copy']['gbps']:.2f} | {speedup(row, 'triton_twin')} | {speedup(row, 'eager')} |")
+    table(["dtype", "n", "flashext GB/s", "of ceiling", "of same-bytes copy", "vs Triton twin", "vs eager (time)"],
+          ([row["dtype"], size(row), *bandwidth(row), speedup(row, "triton_twin"), speedup(row, "eager")]
+           for row in rows if row["section"] == "add_bwd"))
 
     print("\n**gelu(x + bias)** (tokens × hidden) — forward: x and the output; backward: grad, x, grad_x "
           "(eager backward: `gelu_backward` from the saved x + b, then `.sum(0)`)\n")
-    print("| pass | dtype | shape | flashext GB/s | of ceiling | of same-bytes copy | vs Triton twin | vs eager | vs torch.compile |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        if row["section"] in ("bias", "bias_bwd"):
-            ours = row["flashext"]["gbps"]
-            print(f"| {'fwd' if row['section'] == 'bias' else 'bwd'} | {row['dtype']} | {row['rows']}×{row['cols']} | "
-                  f"{ours:.0f} | {ours / ceiling:.2f} | {ours / row['copy']['gbps']:.2f} | {speedup(row, 'triton_twin')} | "
-                  f"{speedup(row, 'eager')} | {speedup(row, 'torch_compile')} |")
+    table(["pass", "dtype", "shape", "flashext GB/s", "of ceiling", "of same-bytes copy", "vs Triton twin", "vs eager",
+           "vs torch.compile"],
+          (["fwd" if row["section"] == "bias" else "bwd", row["dtype"], f"{row['rows']}×{row['cols']}", *bandwidth(row),
+            *(speedup(row, a) for a in ("triton_twin", "eager", "torch_compile"))]
+           for row in rows if row["section"] in ("bias", "bias_bwd")))
 
     for row in rows:
         if row["section"] == "graph":
             print(f"\n**Launch overhead**: {row['layers']} × (Linear {row['width']}→{row['width']} + GeLU) on a "
                   f"{row['batch']}×{row['width']} fp16 input\n")
-            print("| | eager | CUDA graph replay | speedup |")
-            print("|---|---|---|---|")
-            for name, label in (("torch", "`F.gelu(F.linear(h, W, b))`"), ("flashext", "`flashext.bias_gelu(h @ W.T, b)`")):
-                cell = row[name]
-                print(f"| {label} | {cell['eager_us']:.0f} µs | {cell['graph_us']:.0f} µs | {cell['speedup']:.1f}× |")
+            table(["", "eager", "CUDA graph replay", "speedup"],
+                  ([label, f"{row[name]['eager_us']:.0f} µs", f"{row[name]['graph_us']:.0f} µs",
+                    f"{row[name]['speedup']:.1f}×"]
+                   for name, label in (("torch", "`F.gelu(F.linear(h, W, b))`"),
+                                       ("flashext", "`flashext.bias_gelu(h @ W.T, b)`"))))
 
 
 if __name__ == "__main__":

@@ -158,10 +158,14 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_out
   params.x_row_stride = view.row_stride;
   params.dtype = to_kernel_dtype(x.scalar_type());
   params.approximate = approx;
-  // Partial column sums come from PyTorch's caching allocator (graph-capture safe).
+  // Partial column sums come from PyTorch's caching allocator (graph-capture safe); the one-pass
+  // backward (few rows) needs none.
   const int64_t workspace_floats = int64_t(flashext::bias_gelu_bwd_workspace_bytes(params) / sizeof(float));
-  at::Tensor workspace = at::empty({workspace_floats}, x.options().dtype(at::kFloat));
-  params.workspace = workspace.data_ptr<float>();
+  at::Tensor workspace;
+  if (workspace_floats > 0) {
+    workspace = at::empty({workspace_floats}, x.options().dtype(at::kFloat));
+    params.workspace = workspace.data_ptr<float>();
+  }
   check_launch(kBiasGelu, flashext::run_bias_gelu_bwd(params, current_stream(x)));
   return {grad_x, grad_bias};
 }

@@ -105,6 +105,10 @@ struct BiasBwdOnePass {
   static constexpr int64_t kMaxRows = 1024;
 };
 bool bias_gelu_bwd_one_pass(int64_t rows, int64_t cols, int vec, int sm_count);
+// The same for a backward call on the current device (vec from its four tensors' layout).
+bool bias_gelu_bwd_one_pass(const BiasGeluBwdParams& params);
+// bias_gelu_vec_width of a backward call: grad_out, x, bias and grad_x.
+int bias_gelu_bwd_vec_width(const BiasGeluBwdParams& params);
 // False only in builds with -DFLASHEXT_GELU_BIAS_BWD_ONE_PASS=0 (the A/B switch; nvcc flags).
 bool bias_gelu_bwd_one_pass_enabled();
 

@@ -66,21 +66,6 @@
 #ifndef FLASHEXT_FWD_RESCALE_ALWAYS
 #define FLASHEXT_FWD_RESCALE_ALWAYS -1
 #endif
-// Threads sharing a row in one pass of load_tile: 0 = a whole row (kChunks threads; each copy of a
-// thread has its own row pointer), or 8/16 (128/256-byte segments: a thread's copies are a few row
-// pointers plus constants, IADD3 568 -> 308 at D = 256). A/B at 9bcd387 against whole rows: 8
-// measured -1.5 to -3% at D = 256 (every point, outside the anchor's drift) and level at D = 128
-// (median +0.2%), 16 level at D = 256; whole rows stay. D = 64 (8 chunks a row) is the same either way.
-#ifndef FLASHEXT_FWD_LOAD_ROW_THREADS
-#define FLASHEXT_FWD_LOAD_ROW_THREADS 0
-#endif
-// Single-buffered head dims (D = 256): issue this block's V copies a few per k-step of Q Kᵀ (one
-// per k-step at D = 256) instead of all 16 before it, for whole tiles; the tail tile loads at once.
-// Off (not yet measured): the ncu sampling at c59835e put the copies' issue at ~10% of the loop's
-// warp samples, and issuing them back to back measured slower (FLASHEXT_FWD_LOAD_ROW_THREADS).
-#ifndef FLASHEXT_FWD_SPREAD_V
-#define FLASHEXT_FWD_SPREAD_V 0
-#endif
 #ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
 #endif
@@ -115,14 +100,9 @@ struct FlashFwdConfig {
   static constexpr bool kRescaleAlways = FLASHEXT_FWD_RESCALE_ALWAYS >= 0 ? FLASHEXT_FWD_RESCALE_ALWAYS != 0 : kHeadDim >= 128;
   static constexpr int kSmemBytes = (kTileQ + 2 * kKVBuffers * kTileKV) * 2;
   static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
-  // load_tile: threads per row in one pass (a multiple of 8 dividing kChunks), kThreads / that
-  // rows per pass.
-  static constexpr int kLoadRowThreads = FLASHEXT_FWD_LOAD_ROW_THREADS > 0 && FLASHEXT_FWD_LOAD_ROW_THREADS < kChunks
-                                             ? FLASHEXT_FWD_LOAD_ROW_THREADS : kChunks;
-  static_assert(kLoadRowThreads % 8 == 0 && kChunks % kLoadRowThreads == 0 && kThreads % kLoadRowThreads == 0,
-                "load_tile: whole 128-byte segments, whole rows");
-  static_assert(kBlockN % (kThreads / kLoadRowThreads) == 0 && kBlockM % (kThreads / kLoadRowThreads) == 0,
-                "load_tile copies whole passes of kThreads / kLoadRowThreads rows");
+  static_assert(kThreads % kChunks == 0, "a thread copies one fixed chunk column");
+  static_assert(kBlockN % (kThreads / kChunks) == 0 && kBlockM % (kThreads / kChunks) == 0,
+                "load_tile copies whole passes of kThreads / kChunks rows");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one block may have (sm_90)");
 };
 
@@ -143,76 +123,43 @@ FX_DEVICE uint32_t swizzled_chunk_addr(uint32_t base_c, int chunk_even) {
 }
 
 // Copy rows [0, kRows) of a (rows_left-row, head_dim-wide) global tile into a swizzled shared tile
-// with cp.async; rows past rows_left and columns past head_dim are zero-filled. kSegThreads threads
-// share a row in each pass (by default all kChunks: a warp copies whole rows at D = 256; see
-// FLASHEXT_FWD_LOAD_ROW_THREADS): thread t copies chunks t % kSegThreads + kSegThreads · j of rows
-// t / kSegThreads + i · kRowStep. Whole tiles (the common case: every block but the last of a
-// sequence, full head_dim) take a branch with no predicates.
+// with cp.async; rows past rows_left and columns past head_dim are zero-filled. Thread t always
+// copies chunk t % kChunks of rows t / kChunks + i · kRowStep. Whole tiles (the common case: every
+// block but the last of a sequence, full head_dim) take a branch with no per-row predicates.
 template <typename Config, int kRows, typename T>
 FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_left, int head_dim) {
-  constexpr int kSegThreads = Config::kLoadRowThreads, kRowStep = Config::kThreads / kSegThreads;
-  constexpr int kSegments = Config::kChunks / kSegThreads;
-  const int chunk = threadIdx.x % kSegThreads, row0 = threadIdx.x / kSegThreads;
+  constexpr int kChunks = Config::kChunks, kRowStep = Config::kThreads / kChunks;
+  static_assert((kRowStep & (kRowStep - 1)) == 0, "row steps are powers of two");
+  const int chunk = threadIdx.x % kChunks, row0 = threadIdx.x / kChunks;
   const T* src = gmem + int64_t(row0) * row_stride + chunk * 8;
   const int64_t src_step = kRowStep * row_stride;
   // Row row0 + i · kRowStep has swizzle row0 ^ ((i · kRowStep) & 7) (row0 < kRowStep, a power of
-  // two, so the bits do not overlap; the XOR vanishes when kRowStep % 8 == 0); chunk + 8 · m keeps
-  // the low three bits, so further segments are a constant away.
+  // two, so the bits do not overlap): the same XOR trick as swizzled_chunk_addr.
   const uint32_t dst0 = ptx::smem_addr(smem) + 2 * swizzled<Config::kHeadDim>(row0, chunk);
-  const auto dst = [&](int i, int j) {
-    return (dst0 ^ uint32_t(((i * kRowStep) & 7) << 4)) +
-           uint32_t(2 * (i * kRowStep * Config::kHeadDim + j * kSegThreads * 8));
+  const auto dst = [&](int i) {
+    return (dst0 ^ uint32_t(((i * kRowStep) & 7) << 4)) + uint32_t(2 * i * kRowStep * Config::kHeadDim);
   };
   if (rows_left >= kRows && head_dim == Config::kHeadDim) {
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; ++i) {
-#pragma unroll
-      for (int j = 0; j < kSegments; ++j) ptx::cp_async_16(dst(i, j), src + j * kSegThreads * 8, 16);
+      ptx::cp_async_16(dst(i), src, 16);
       src += src_step;
     }
   } else {
+    const bool chunk_valid = chunk * 8 < head_dim;
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; ++i) {
-      const bool row_valid = row0 + i * kRowStep < rows_left;
-#pragma unroll
-      for (int j = 0; j < kSegments; ++j) {
-        const bool valid = row_valid && (chunk + kSegThreads * j) * 8 < head_dim;
-        ptx::cp_async_16(dst(i, j), valid ? src + j * kSegThreads * 8 : gmem, valid ? 16 : 0);
-      }
+      const bool valid = chunk_valid && row0 + i * kRowStep < rows_left;
+      ptx::cp_async_16(dst(i), valid ? src : gmem, valid ? 16 : 0);
       src += src_step;
     }
   }
 }
 
-// The copies of one whole tile (load_tile's branch without predicates), issued a few at a time:
-// issue(c) for c = 0 .. kCount - 1, in increasing order (each row's pointer follows the previous
-// one's). For FLASHEXT_FWD_SPREAD_V. The same copies as load_tile's whole-tile branch; routing
-// load_tile through this struct changed the machine code of every head dim, so both stay.
-template <typename Config, int kRows, typename T>
-struct TileCopies {
-  static constexpr int kSegThreads = Config::kLoadRowThreads, kRowStep = Config::kThreads / kSegThreads;
-  static constexpr int kSegments = Config::kChunks / kSegThreads, kCount = kRows / kRowStep * kSegments;
-  const T* src;
-  int64_t src_step;
-  uint32_t dst0;
-  FX_DEVICE TileCopies(T* smem, const T* gmem, int64_t row_stride)
-      : src(gmem + int64_t(threadIdx.x / kSegThreads) * row_stride + (threadIdx.x % kSegThreads) * 8),
-        src_step(kRowStep * row_stride),
-        dst0(ptx::smem_addr(smem) + 2 * swizzled<Config::kHeadDim>(threadIdx.x / kSegThreads, threadIdx.x % kSegThreads)) {}
-  FX_DEVICE void issue(int c) {
-    const int i = c / kSegments, j = c % kSegments;
-    const uint32_t dst = (dst0 ^ uint32_t(((i * kRowStep) & 7) << 4)) +
-                         uint32_t(2 * (i * kRowStep * Config::kHeadDim + j * kSegThreads * 8));
-    ptx::cp_async_16(dst, src + j * kSegThreads * 8, 16);
-    if (j == kSegments - 1) src += src_step;
-  }
-};
-
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const FlashFwdParams p) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kMTiles = Config::kMTiles;
-  constexpr bool kSpreadV = FLASHEXT_FWD_SPREAD_V && !Config::kDoubleBuffer;
   constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per row tile
   constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per row tile
   extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: see swizzled_chunk_addr
@@ -310,10 +257,6 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     const int buffer = Config::kDoubleBuffer ? it % 2 : 0;
     const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
     const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
-    // kSpreadV: a whole V tile goes out a few copies per k-step of Q Kᵀ (v_copies).
-    [[maybe_unused]] const bool v_spread = kSpreadV && seqlen_k - n_start >= kBlockN && p.head_dim == kHeadDim;
-    [[maybe_unused]] TileCopies<Config, kBlockN, T> v_copies(smem_v, v + int64_t(n_start) * p.v_row_stride,
-                                                            p.v_row_stride);
     if (Config::kDoubleBuffer && it == 0) {
       ptx::cp_async_wait<1>();  // Q and the first K; the first V may still be in flight
     } else {
@@ -326,13 +269,12 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         load_k(smem_k + other * Config::kTileKV, n_start + kBlockN);
         load_v(smem_v + other * Config::kTileKV, n_start + kBlockN);
       }
-    } else if (!v_spread) {  // this block's V loads while Q Kᵀ runs (under kSpreadV: the tail tile)
+    } else {  // this block's V loads while Q Kᵀ runs
       load_v(smem_v, n_start);
     }
-    if constexpr (!kSpreadV) ptx::cp_async_commit();
+    ptx::cp_async_commit();
 
-    // S = Q Kᵀ for this warp's kMTiles × 16 rows × kBlockN columns (under kSpreadV, with this
-    // block's V copies a few per k-step).
+    // S = Q Kᵀ for this warp's kMTiles × 16 rows × kBlockN columns.
     float s[kMTiles][kNTiles][4];
 #pragma unroll
     for (int i = 0; i < kMTiles; ++i)
@@ -355,16 +297,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
           ptx::mma_16816<T>(s[i][2 * jp + 1], q_frag[i], k_frag[2], k_frag[3]);
         }
       }
-      if constexpr (kSpreadV) {
-        constexpr int kPerStep = TileCopies<Config, kBlockN, T>::kCount / (kHeadDim / 16);
-        static_assert(kPerStep * (kHeadDim / 16) == TileCopies<Config, kBlockN, T>::kCount, "whole copies per k-step");
-#pragma unroll
-        for (int c = 0; c < kPerStep; ++c) {
-          if (v_spread) v_copies.issue(kk * kPerStep + c);
-        }
-      }
     }
-    if constexpr (kSpreadV) ptx::cp_async_commit();
 
     // This block's V is waited for before P V: right after Q Kᵀ (kEarlyK) or after the softmax.
     // Single-buffered, every warp is then done with K, so the next K starts loading into it.

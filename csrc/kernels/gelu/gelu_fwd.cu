@@ -15,13 +15,6 @@ cudaError_t run_add_gelu_fwd(const AddGeluParams& p, cudaStream_t stream) {
   });
 }
 
-// A/B knob (off): when the unrolled plan would give fewer than 8 blocks per SM (16-bit, 256 ×
-// 16384: 512 blocks, one wave of rows loaded, then stored), plan one row per row thread instead
-// (2048 blocks, like the flat kernel's one pack per thread).
-#ifndef FLASHEXT_GELU_BIAS_SPREAD
-#define FLASHEXT_GELU_BIAS_SPREAD 0
-#endif
-
 cudaError_t run_bias_gelu_fwd(const BiasGeluParams& p, cudaStream_t stream) {
   if (p.rows < 0 || p.cols < 0 || p.x_row_stride < p.cols) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
@@ -29,11 +22,8 @@ cudaError_t run_bias_gelu_fwd(const BiasGeluParams& p, cudaStream_t stream) {
   const int vec = bias_gelu_vec_width(ptrs, 3, p.cols, p.x_row_stride, p.dtype);
   return dispatch_dtype(p.dtype, [&](auto type_tag) {
     using T = decltype(type_tag);
-    RowColPlan plan =
+    const RowColPlan plan =
         plan_bias_gelu(p.rows, p.cols, vec, /*max_row_groups=*/INT64_MAX, kBiasRowUnroll<T, /*kBackward=*/false>);
-    if (FLASHEXT_GELU_BIAS_SPREAD && plan.grid_x * plan.grid_y < 8 * int64_t(current_device_sm_count())) {
-      plan = plan_bias_gelu(p.rows, p.cols, vec, /*max_row_groups=*/INT64_MAX, /*row_unroll=*/1);
-    }
     const RowColArgs args{nullptr, p.x, p.bias, p.out, nullptr, p.rows, p.cols, p.x_row_stride,
                           plan.rows_per_block, p.approximate == GeluApprox::kTanh};
     return launch_bias_gelu<T, /*kBackward=*/false>(args, plan, stream);

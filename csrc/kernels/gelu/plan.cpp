@@ -41,9 +41,13 @@ int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int
   return vec;
 }
 
-RowColPlan plan_bias_gelu_bwd(const BiasGeluBwdParams& p) {
+int bias_gelu_bwd_vec_width(const BiasGeluBwdParams& p) {
   const void* ptrs[] = {p.grad_out, p.x, p.bias, p.grad_x};
-  const int vec = bias_gelu_vec_width(ptrs, 4, p.cols, p.x_row_stride, p.dtype);
+  return bias_gelu_vec_width(ptrs, 4, p.cols, p.x_row_stride, p.dtype);
+}
+
+RowColPlan plan_bias_gelu_bwd(const BiasGeluBwdParams& p) {
+  const int vec = bias_gelu_bwd_vec_width(p);
   // Row groups: enough blocks for about four waves at four resident blocks per SM, but at
   // least 16 rows per group, so the fp32 partial sums (grid_y × cols × 4 B) stay a few percent
   // of the bytes the kernel streams (≥ 16 rows × 3 tensors × 2 B per column).
@@ -58,16 +62,12 @@ bool bias_gelu_bwd_one_pass(int64_t rows, int64_t cols, int vec, int sm_count) {
   return ceil_div(cols, int64_t(vec) * BiasBwdOnePass::kColThreads) >= 2 * int64_t(sm_count);
 }
 
-namespace {
-bool one_pass_plan(const BiasGeluBwdParams& p) {
-  const void* ptrs[] = {p.grad_out, p.x, p.bias, p.grad_x};
-  const int vec = bias_gelu_vec_width(ptrs, 4, p.cols, p.x_row_stride, p.dtype);
-  return bias_gelu_bwd_one_pass(p.rows, p.cols, vec, current_device_sm_count());
+bool bias_gelu_bwd_one_pass(const BiasGeluBwdParams& p) {
+  return bias_gelu_bwd_one_pass(p.rows, p.cols, bias_gelu_bwd_vec_width(p), current_device_sm_count());
 }
-}  // namespace
 
 size_t bias_gelu_bwd_workspace_bytes(const BiasGeluBwdParams& p) {
-  if (p.rows <= 0 || p.cols <= 0 || one_pass_plan(p)) return 0;
+  if (p.rows <= 0 || p.cols <= 0 || bias_gelu_bwd_one_pass(p)) return 0;
   const RowColPlan plan = plan_bias_gelu_bwd(p);
   return size_t(plan.grid_y) * size_t(p.cols) * sizeof(float);
 }
