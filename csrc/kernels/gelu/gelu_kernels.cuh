@@ -268,6 +268,12 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #ifndef FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS
 #define FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS 4
 #endif
+// FLASHEXT_GELU_ONE_PASS_PREFETCH=1: before its row loop each thread asks L2 for every row it will
+// visit (prefetch.global.L2 of x and grad_out, no registers held), so the loop's one row in flight
+// waits for L2 instead of DRAM while the whole strip streams in at once.
+#ifndef FLASHEXT_GELU_ONE_PASS_PREFETCH
+#define FLASHEXT_GELU_ONE_PASS_PREFETCH 0
+#endif
 template <typename T, int kVec, bool kTanh>
 __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads, FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS)
     bias_gelu_bwd_one_pass_kernel(const RowColArgs args) {
@@ -291,6 +297,12 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
     const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) bias[e] = to_float(bias_pack.elem[e]);
+    if constexpr (FLASHEXT_GELU_ONE_PASS_PREFETCH != 0) {
+      for (int64_t row = ty; row < args.rows; row += kRowThreads) {
+        prefetch_l2(x + (row * x_row_packs + col_pack) * kVec);
+        prefetch_l2(grad_out + (row * dst_row_packs + col_pack) * kVec);
+      }
+    }
     for (int64_t row0 = ty; row0 < args.rows; row0 += kRowThreads * kUnroll) {
       P x_pack[kUnroll], g_pack[kUnroll];
 #pragma unroll
