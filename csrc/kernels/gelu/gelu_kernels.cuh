@@ -36,6 +36,7 @@
 #include "../common/device.h"
 #include "../common/gelu_math.h"
 #include "../common/macros.h"
+#include "../common/ptx.cuh"
 #include "../common/vec.cuh"
 #include "flashext/gelu.h"
 
@@ -274,6 +275,12 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #ifndef FLASHEXT_GELU_ONE_PASS_PREFETCH
 #define FLASHEXT_GELU_ONE_PASS_PREFETCH 0
 #endif
+// FLASHEXT_GELU_ONE_PASS_STAGES=s > 0: each thread streams its rows through a private ring of s
+// shared-memory slots filled by cp.async (x and grad_out packs, no registers held), so the next
+// s − 1 rows are in flight while it computes one. 0: one row at a time through registers.
+#ifndef FLASHEXT_GELU_ONE_PASS_STAGES
+#define FLASHEXT_GELU_ONE_PASS_STAGES 0
+#endif
 template <typename T, int kVec, bool kTanh>
 __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads, FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS)
     bias_gelu_bwd_one_pass_kernel(const RowColArgs args) {
@@ -293,7 +300,45 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
   float bias[kVec], bias_grad[kVec];
 #pragma unroll
   for (int e = 0; e < kVec; ++e) bias_grad[e] = 0.0f;
-  if (col_valid) {
+  constexpr int kStages = FLASHEXT_GELU_ONE_PASS_STAGES;
+  if (kStages > 0 && col_valid) {
+    // ring[slot][0 = x, 1 = grad_out][thread]: only this thread writes (cp.async) and reads its
+    // slots, so cp.async.wait_group orders them; no barrier.
+    __shared__ P ring[kStages > 0 ? kStages : 1][2][kThreads];
+    const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) bias[e] = to_float(bias_pack.elem[e]);
+    const int64_t my_rows = args.rows > ty ? (args.rows - ty + kRowThreads - 1) / kRowThreads : 0;
+    const auto issue = [&](int64_t k) {
+      const int64_t row = ty + k * kRowThreads;
+      const int slot = int(k % kStages);
+      ptx::cp_async_16(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, 16);
+      ptx::cp_async_16(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, 16);
+    };
+#pragma unroll
+    for (int k = 0; k < kStages; ++k) {
+      if (k < my_rows) issue(k);
+      ptx::cp_async_commit();
+    }
+    for (int64_t k = 0; k < my_rows; ++k) {
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages > 0 ? kStages - 1 : 0) : "memory");  // row k landed
+      const int slot = int(k % kStages);
+      const P x_pack = ring[slot][0][threadIdx.x], g_pack = ring[slot][1][threadIdx.x];
+      P out;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(to_float(x_pack.elem[e]) + bias[e],
+                                                                       to_float(g_pack.elem[e]));
+        out.elem[e] = from_float<T>(value);
+        bias_grad[e] += value;  // fp32, before rounding to T
+      }
+      store_pack<T, kVec>(dst, (ty + k * kRowThreads) * dst_row_packs + col_pack, out);
+      // The slot's values are consumed (the store above depends on them): refill it.
+      asm volatile("" ::: "memory");
+      if (k + kStages < my_rows) issue(k + kStages);
+      ptx::cp_async_commit();
+    }
+  } else if (col_valid) {
     const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) bias[e] = to_float(bias_pack.elem[e]);
