@@ -266,8 +266,16 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #ifndef FLASHEXT_GELU_ONE_PASS_UNROLL
 #define FLASHEXT_GELU_ONE_PASS_UNROLL 1
 #endif
+// FLASHEXT_GELU_ONE_PASS_STRIPS=k: a block takes k neighbouring strips (k · kColThreads column
+// threads, k · 256 threads), so a warp reads k · 64 B of each row; the register cap drops to
+// 4 / k resident blocks (the same threads per SM). 1: one strip, 64-byte row segments.
+#ifndef FLASHEXT_GELU_ONE_PASS_STRIPS
+#define FLASHEXT_GELU_ONE_PASS_STRIPS 1
+#endif
+constexpr int kOnePassColThreads = BiasBwdOnePass::kColThreads * FLASHEXT_GELU_ONE_PASS_STRIPS;
+constexpr int kOnePassThreads = kOnePassColThreads * BiasBwdOnePass::kRowThreads;
 #ifndef FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS
-#define FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS 4
+#define FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS (4 / FLASHEXT_GELU_ONE_PASS_STRIPS)
 #endif
 // FLASHEXT_GELU_ONE_PASS_PREFETCH=1: before its row loop each thread asks L2 for every row it will
 // visit (prefetch.global.L2 of x and grad_out, no registers held), so the loop's one row in flight
@@ -282,9 +290,9 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #define FLASHEXT_GELU_ONE_PASS_STAGES 0
 #endif
 template <typename T, int kVec, bool kTanh>
-__global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads, FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS)
+__global__ void __launch_bounds__(kOnePassThreads, FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS)
     bias_gelu_bwd_one_pass_kernel(const RowColArgs args) {
-  constexpr int kColThreads = BiasBwdOnePass::kColThreads, kRowThreads = BiasBwdOnePass::kRowThreads;
+  constexpr int kColThreads = kOnePassColThreads, kRowThreads = BiasBwdOnePass::kRowThreads;
   constexpr int kUnroll = FLASHEXT_GELU_ONE_PASS_UNROLL, kThreads = kColThreads * kRowThreads;
   constexpr int kCols = kColThreads * kVec, kSlices = kThreads / kCols;
   static_assert(kVec > 1 && kSlices <= 32 && kRowThreads % kSlices == 0, "one lane group per column");
