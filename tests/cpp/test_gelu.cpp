@@ -197,11 +197,12 @@ TEST(AddGeluPlan, SmallTensorsGetSmallerBlocks) {
 
 TEST(BiasGeluPlan, FewRowsOfWideColumnsTakeOnePass) {
   if (!flashext::bias_gelu_bwd_one_pass_enabled()) GTEST_SKIP() << "built with FLASHEXT_GELU_BIAS_BWD_ONE_PASS=0";
-  // 256 x 16384 (bench_gelu's small shape): 512 strips of 32 columns (16-bit), 1024 of 16 (fp32)
+  // 256 x 16384 (bench_gelu's small shape): 256 strips of 64 columns (16-bit), 512 of 32 (fp32)
   EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(256, 16384, 8, 132));
   EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(256, 16384, 4, 132));
-  EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(1, 8448, 8, 132));  // exactly two strips per SM
-  EXPECT_FALSE(flashext::bias_gelu_bwd_one_pass(1, 8416, 8, 132));  // 263 strips
+  EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(1, 8448, 8, 132));  // exactly one strip per SM
+  EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(1, 8392, 8, 132));  // 131 full strips and a part one
+  EXPECT_FALSE(flashext::bias_gelu_bwd_one_pass(1, 8384, 8, 132));  // 131 strips
   EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(flashext::BiasBwdOnePass::kMaxRows, 16384, 8, 132));
   EXPECT_FALSE(flashext::bias_gelu_bwd_one_pass(flashext::BiasBwdOnePass::kMaxRows + 1, 16384, 8, 132));
   EXPECT_FALSE(flashext::bias_gelu_bwd_one_pass(8192, 16384, 8, 132));  // many rows: two kernels
@@ -409,7 +410,7 @@ TYPED_TEST(GeluKernels, BiasGeluAgainstCpuReference) {
   run_bias_gelu_case<TypeParam>(300, 264, 1000, GeluApprox::kTanh);  // strided rows
   run_bias_gelu_case<TypeParam>(2049, 64, 64, GeluApprox::kNone);  // several row groups
   // Few rows of wide aligned columns: the backward in one launch (BiasBwdOnePass) on GPUs with up
-  // to 250 SMs; 16008 columns leave a part-filled last strip, 67 rows a part-filled row batch.
+  // to 251 SMs; 16008 columns leave a part-filled last strip, 67 rows a part-filled row batch.
   run_bias_gelu_case<TypeParam>(67, 16008, 16008, GeluApprox::kNone);
   run_bias_gelu_case<TypeParam>(67, 16008, 16040, GeluApprox::kTanh);  // strided rows
 }

@@ -98,9 +98,10 @@ int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int
 // kColThreads × kRowThreads threads owns a strip of kColThreads · vec columns and walks every row
 // (a few rows in flight per thread), then reduces its strip's bias gradient in shared memory; no
 // partial sums, no second kernel. Taken when the rows are few (≤ kMaxRows), the layout is
-// vectorized, and the strips alone give at least two blocks per SM.
+// vectorized, and the strips alone give at least one block (half the resident threads) per SM.
+// 8 column threads: a warp reads whole 128-byte lines (4 measured 6-7% slower, 64-byte segments).
 struct BiasBwdOnePass {
-  static constexpr int kColThreads = 4;
+  static constexpr int kColThreads = 8;
   static constexpr int kRowThreads = 64;
   static constexpr int64_t kMaxRows = 1024;
 };

@@ -69,13 +69,6 @@
 #ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
 #endif
-// Single-buffered head dims (D = 256): FLASHEXT_FWD_SPREAD_V = s > 0 issues this block's V copies
-// (16 per thread at D = 256) evenly over the first s k-steps of Q Kᵀ instead of all before it, for
-// whole tiles (the tail tile loads at once), so the first ldmatrix of Q Kᵀ does not queue behind
-// them. 0: off (A/B experiment).
-#ifndef FLASHEXT_FWD_SPREAD_V
-#define FLASHEXT_FWD_SPREAD_V 0
-#endif
 
 namespace flashext {
 namespace attention_detail {
@@ -133,48 +126,32 @@ FX_DEVICE uint32_t swizzled_chunk_addr(uint32_t base_c, int chunk_even) {
 // with cp.async; rows past rows_left and columns past head_dim are zero-filled. Thread t always
 // copies chunk t % kChunks of rows t / kChunks + i · kRowStep. Whole tiles (the common case: every
 // block but the last of a sequence, full head_dim) take a branch with no per-row predicates.
-//
-// TileCopies holds one thread's part of that layout for a whole tile: copy(i), i = 0 .. kCount − 1
-// in increasing order, issues its i-th chunk (each call advances the source row).
-template <typename Config, int kRows, typename T>
-struct TileCopies {
-  static constexpr int kChunks = Config::kChunks, kRowStep = Config::kThreads / kChunks;
-  static constexpr int kCount = kRows / kRowStep;
-  static_assert((kRowStep & (kRowStep - 1)) == 0, "row steps are powers of two");
-  const T* src;
-  int64_t src_step;
-  uint32_t dst0;
-  FX_DEVICE TileCopies(T* smem, const T* gmem, int64_t row_stride)
-      : src(gmem + int64_t(threadIdx.x / kChunks) * row_stride + (threadIdx.x % kChunks) * 8),
-        src_step(kRowStep * row_stride),
-        dst0(ptx::smem_addr(smem) + 2 * swizzled<Config::kHeadDim>(threadIdx.x / kChunks, threadIdx.x % kChunks)) {}
-  // Row row0 + i · kRowStep has swizzle row0 ^ ((i · kRowStep) & 7) (row0 < kRowStep, a power of
-  // two, so the bits do not overlap): the same XOR trick as swizzled_chunk_addr.
-  FX_DEVICE uint32_t dst(int i) const {
-    return (dst0 ^ uint32_t(((i * kRowStep) & 7) << 4)) + uint32_t(2 * i * kRowStep * Config::kHeadDim);
-  }
-  FX_DEVICE void copy(int i) {
-    ptx::cp_async_16(dst(i), src, 16);
-    src += src_step;
-  }
-};
-
 template <typename Config, int kRows, typename T>
 FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_left, int head_dim) {
-  using Copies = TileCopies<Config, kRows, T>;
-  constexpr int kChunks = Config::kChunks, kRowStep = Copies::kRowStep;
-  Copies copies(smem, gmem, row_stride);
+  constexpr int kChunks = Config::kChunks, kRowStep = Config::kThreads / kChunks;
+  static_assert((kRowStep & (kRowStep - 1)) == 0, "row steps are powers of two");
+  const int chunk = threadIdx.x % kChunks, row0 = threadIdx.x / kChunks;
+  const T* src = gmem + int64_t(row0) * row_stride + chunk * 8;
+  const int64_t src_step = kRowStep * row_stride;
+  // Row row0 + i · kRowStep has swizzle row0 ^ ((i · kRowStep) & 7) (row0 < kRowStep, a power of
+  // two, so the bits do not overlap): the same XOR trick as swizzled_chunk_addr.
+  const uint32_t dst0 = ptx::smem_addr(smem) + 2 * swizzled<Config::kHeadDim>(row0, chunk);
+  const auto dst = [&](int i) {
+    return (dst0 ^ uint32_t(((i * kRowStep) & 7) << 4)) + uint32_t(2 * i * kRowStep * Config::kHeadDim);
+  };
   if (rows_left >= kRows && head_dim == Config::kHeadDim) {
 #pragma unroll
-    for (int i = 0; i < Copies::kCount; ++i) copies.copy(i);
+    for (int i = 0; i < kRows / kRowStep; ++i) {
+      ptx::cp_async_16(dst(i), src, 16);
+      src += src_step;
+    }
   } else {
-    const int chunk = threadIdx.x % kChunks, row0 = threadIdx.x / kChunks;
     const bool chunk_valid = chunk * 8 < head_dim;
 #pragma unroll
-    for (int i = 0; i < Copies::kCount; ++i) {
+    for (int i = 0; i < kRows / kRowStep; ++i) {
       const bool valid = chunk_valid && row0 + i * kRowStep < rows_left;
-      ptx::cp_async_16(copies.dst(i), valid ? copies.src : gmem, valid ? 16 : 0);
-      copies.src += copies.src_step;
+      ptx::cp_async_16(dst(i), valid ? src : gmem, valid ? 16 : 0);
+      src += src_step;
     }
   }
 }
@@ -185,9 +162,6 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   constexpr int kMTiles = Config::kMTiles;
   constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per row tile
   constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per row tile
-  constexpr int kSpreadV = Config::kDoubleBuffer ? 0 : FLASHEXT_FWD_SPREAD_V;
-  using VCopies = TileCopies<Config, kBlockN, T>;
-  static_assert(kSpreadV == 0 || (kSpreadV <= kHeadDim / 16 && VCopies::kCount % kSpreadV == 0), "whole copies per k-step");
   extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: see swizzled_chunk_addr
   T* smem_q = reinterpret_cast<T*>(smem_raw);
   T* smem_k = smem_q + Config::kTileQ;  // kKVBuffers buffers each
@@ -283,9 +257,6 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     const int buffer = Config::kDoubleBuffer ? it % 2 : 0;
     const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
     const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
-    // kSpreadV: a whole V tile goes out over the first kSpreadV k-steps of Q Kᵀ (v_copies).
-    [[maybe_unused]] const bool v_spread = kSpreadV > 0 && seqlen_k - n_start >= kBlockN && p.head_dim == kHeadDim;
-    [[maybe_unused]] VCopies v_copies(smem_v, v + int64_t(n_start) * p.v_row_stride, p.v_row_stride);
     if (Config::kDoubleBuffer && it == 0) {
       ptx::cp_async_wait<1>();  // Q and the first K; the first V may still be in flight
     } else {
@@ -298,10 +269,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         load_k(smem_k + other * Config::kTileKV, n_start + kBlockN);
         load_v(smem_v + other * Config::kTileKV, n_start + kBlockN);
       }
-    } else if (!v_spread) {  // this block's V loads while Q Kᵀ runs (spread: the tail tile)
+    } else {  // this block's V loads while Q Kᵀ runs
       load_v(smem_v, n_start);
     }
-    if constexpr (kSpreadV == 0) ptx::cp_async_commit();
+    ptx::cp_async_commit();
 
     // S = Q Kᵀ for this warp's kMTiles × 16 rows × kBlockN columns.
     float s[kMTiles][kNTiles][4];
@@ -326,15 +297,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
           ptx::mma_16816<T>(s[i][2 * jp + 1], q_frag[i], k_frag[2], k_frag[3]);
         }
       }
-      if constexpr (kSpreadV > 0) {
-        constexpr int kPerStep = VCopies::kCount / kSpreadV;
-        if (kk < kSpreadV && v_spread) {
-#pragma unroll
-          for (int c = 0; c < kPerStep; ++c) v_copies.copy(kk * kPerStep + c);
-        }
-      }
     }
-    if constexpr (kSpreadV > 0) ptx::cp_async_commit();
 
     // This block's V is waited for before P V: right after Q Kᵀ (kEarlyK) or after the softmax.
     // Single-buffered, every warp is then done with K, so the next K starts loading into it.

@@ -42,9 +42,6 @@ FX_DEVICE void store_pack(T* ptr, int64_t index, const Pack<T, N>& value) {
   reinterpret_cast<Pack<T, N>*>(ptr)[index] = value;
 }
 
-// Ask L2 for the line holding ptr (no register is written; the thread does not wait).
-FX_DEVICE void prefetch_l2(const void* ptr) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr)); }
-
 // Elements per 16-byte access for a storage type.
 template <typename T>
 constexpr int kVec16 = 16 / sizeof(T);

@@ -31,11 +31,12 @@ cudaError_t run_bias_gelu_bwd(const BiasGeluBwdParams& p, cudaStream_t stream) {
   if (bias_gelu_bwd_one_pass(p)) {  // vectorized: 16-byte packs of T
     const RowColArgs args{p.grad_out, p.x, p.bias, p.grad_x, nullptr, p.rows, p.cols, p.x_row_stride,
                           p.rows, p.approximate == GeluApprox::kTanh, p.grad_bias};
+    constexpr int kThreads = BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads;
     return dispatch_dtype(p.dtype, [&](auto type_tag) {
       using T = decltype(type_tag);
-      const dim3 grid(unsigned(ceil_div(p.cols, int64_t(kVec16<T>) * kOnePassColThreads)));
-      if (args.tanh_form) bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, true><<<grid, kOnePassThreads, 0, stream>>>(args);
-      else bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, false><<<grid, kOnePassThreads, 0, stream>>>(args);
+      const dim3 grid(unsigned(ceil_div(p.cols, int64_t(kVec16<T>) * BiasBwdOnePass::kColThreads)));
+      if (args.tanh_form) bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, true><<<grid, kThreads, 0, stream>>>(args);
+      else bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, false><<<grid, kThreads, 0, stream>>>(args);
       return cudaGetLastError();
     });
   }

@@ -36,7 +36,6 @@
 #include "../common/device.h"
 #include "../common/gelu_math.h"
 #include "../common/macros.h"
-#include "../common/ptx.cuh"
 #include "../common/vec.cuh"
 #include "flashext/gelu.h"
 
@@ -257,42 +256,29 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // column add every kSlices-th row thread's sum, and a shuffle across those kSlices neighbouring
 // lanes finishes the column (kSlices ≤ 32: vectorized layouts only).
 //
+// Block shape (BiasBwdOnePass): 8 column threads × 64 row threads, so a warp reads whole 128-byte
+// lines of 4 rows. A/B at 0063fc5, 256 × 16384, of a same-bytes copy: 4 column threads (64-byte
+// row segments, 256 threads, 4 blocks/SM) 0.76-0.77 / 0.78-0.79 / 0.77-0.79 (fp32/fp16/bf16);
+// 8 (512 threads, 2 blocks/SM) 0.81-0.82 / 0.84-0.85 / 0.82-0.83; 16 (256-byte segments) 0.81 /
+// 0.83 / 0.84. Neither an L2 prefetch of every row up front nor a 2-4-slot cp.async ring per
+// thread moved the 4-thread layout (0.74-0.82, within noise; code in f5e6224 and 0063fc5).
+//
 // kUnroll (rows in flight per thread) and the resident blocks per SM (the register cap) are A/B
-// macros. A/B at dc860a6, 256 ×
-// 16384, of a same-bytes copy: 1 row at 4 blocks 0.76 fp32 / 0.79 fp16 / 0.79 bf16; 2 rows at 4
-// blocks (64 registers, bf16 spills) 0.75 / 0.76 / 0.60; 4 rows at 2 blocks (122 registers)
-// 0.73 / 0.70 / 0.73; the two-kernel path 0.72 / 0.66 / 0.65. Occupancy beats rows in flight
-// here, as in the flat kernel: the backward's math needs the warps to hide its latency.
+// macros. A/B at dc860a6 (4 column threads), 256 × 16384, of a same-bytes copy: 1 row at 4 blocks
+// 0.76 fp32 / 0.79 fp16 / 0.79 bf16; 2 rows at 4 blocks (64 registers, bf16 spills) 0.75 / 0.76 /
+// 0.60; 4 rows at 2 blocks (122 registers) 0.73 / 0.70 / 0.73; the two-kernel path 0.72 / 0.66 /
+// 0.65. Occupancy beats rows in flight here, as in the flat kernel: the backward's math needs the
+// warps to hide its latency.
 #ifndef FLASHEXT_GELU_ONE_PASS_UNROLL
 #define FLASHEXT_GELU_ONE_PASS_UNROLL 1
 #endif
-// FLASHEXT_GELU_ONE_PASS_STRIPS=k: a block takes k neighbouring strips (k · kColThreads column
-// threads, k · 256 threads), so a warp reads k · 64 B of each row; the register cap drops to
-// 4 / k resident blocks (the same threads per SM). 1: one strip, 64-byte row segments.
-#ifndef FLASHEXT_GELU_ONE_PASS_STRIPS
-#define FLASHEXT_GELU_ONE_PASS_STRIPS 1
-#endif
-constexpr int kOnePassColThreads = BiasBwdOnePass::kColThreads * FLASHEXT_GELU_ONE_PASS_STRIPS;
-constexpr int kOnePassThreads = kOnePassColThreads * BiasBwdOnePass::kRowThreads;
-#ifndef FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS
-#define FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS (4 / FLASHEXT_GELU_ONE_PASS_STRIPS)
-#endif
-// FLASHEXT_GELU_ONE_PASS_PREFETCH=1: before its row loop each thread asks L2 for every row it will
-// visit (prefetch.global.L2 of x and grad_out, no registers held), so the loop's one row in flight
-// waits for L2 instead of DRAM while the whole strip streams in at once.
-#ifndef FLASHEXT_GELU_ONE_PASS_PREFETCH
-#define FLASHEXT_GELU_ONE_PASS_PREFETCH 0
-#endif
-// FLASHEXT_GELU_ONE_PASS_STAGES=s > 0: each thread streams its rows through a private ring of s
-// shared-memory slots filled by cp.async (x and grad_out packs, no registers held), so the next
-// s − 1 rows are in flight while it computes one. 0: one row at a time through registers.
-#ifndef FLASHEXT_GELU_ONE_PASS_STAGES
-#define FLASHEXT_GELU_ONE_PASS_STAGES 0
+#ifndef FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS  // 1024 threads per SM: ≤ 64 registers
+#define FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS (1024 / (BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads))
 #endif
 template <typename T, int kVec, bool kTanh>
-__global__ void __launch_bounds__(kOnePassThreads, FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS)
+__global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads, FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS)
     bias_gelu_bwd_one_pass_kernel(const RowColArgs args) {
-  constexpr int kColThreads = kOnePassColThreads, kRowThreads = BiasBwdOnePass::kRowThreads;
+  constexpr int kColThreads = BiasBwdOnePass::kColThreads, kRowThreads = BiasBwdOnePass::kRowThreads;
   constexpr int kUnroll = FLASHEXT_GELU_ONE_PASS_UNROLL, kThreads = kColThreads * kRowThreads;
   constexpr int kCols = kColThreads * kVec, kSlices = kThreads / kCols;
   static_assert(kVec > 1 && kSlices <= 32 && kRowThreads % kSlices == 0, "one lane group per column");
@@ -308,54 +294,10 @@ __global__ void __launch_bounds__(kOnePassThreads, FLASHEXT_GELU_ONE_PASS_MIN_BL
   float bias[kVec], bias_grad[kVec];
 #pragma unroll
   for (int e = 0; e < kVec; ++e) bias_grad[e] = 0.0f;
-  constexpr int kStages = FLASHEXT_GELU_ONE_PASS_STAGES;
-  if (kStages > 0 && col_valid) {
-    // ring[slot][0 = x, 1 = grad_out][thread]: only this thread writes (cp.async) and reads its
-    // slots, so cp.async.wait_group orders them; no barrier.
-    __shared__ P ring[kStages > 0 ? kStages : 1][2][kThreads];
+  if (col_valid) {
     const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) bias[e] = to_float(bias_pack.elem[e]);
-    const int64_t my_rows = args.rows > ty ? (args.rows - ty + kRowThreads - 1) / kRowThreads : 0;
-    const auto issue = [&](int64_t k) {
-      const int64_t row = ty + k * kRowThreads;
-      const int slot = int(k % kStages);
-      ptx::cp_async_16(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, 16);
-      ptx::cp_async_16(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, 16);
-    };
-#pragma unroll
-    for (int k = 0; k < kStages; ++k) {
-      if (k < my_rows) issue(k);
-      ptx::cp_async_commit();
-    }
-    for (int64_t k = 0; k < my_rows; ++k) {
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages > 0 ? kStages - 1 : 0) : "memory");  // row k landed
-      const int slot = int(k % kStages);
-      const P x_pack = ring[slot][0][threadIdx.x], g_pack = ring[slot][1][threadIdx.x];
-      P out;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(to_float(x_pack.elem[e]) + bias[e],
-                                                                       to_float(g_pack.elem[e]));
-        out.elem[e] = from_float<T>(value);
-        bias_grad[e] += value;  // fp32, before rounding to T
-      }
-      store_pack<T, kVec>(dst, (ty + k * kRowThreads) * dst_row_packs + col_pack, out);
-      // The slot's values are consumed (the store above depends on them): refill it.
-      asm volatile("" ::: "memory");
-      if (k + kStages < my_rows) issue(k + kStages);
-      ptx::cp_async_commit();
-    }
-  } else if (col_valid) {
-    const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) bias[e] = to_float(bias_pack.elem[e]);
-    if constexpr (FLASHEXT_GELU_ONE_PASS_PREFETCH != 0) {
-      for (int64_t row = ty; row < args.rows; row += kRowThreads) {
-        prefetch_l2(x + (row * x_row_packs + col_pack) * kVec);
-        prefetch_l2(grad_out + (row * dst_row_packs + col_pack) * kVec);
-      }
-    }
     for (int64_t row0 = ty; row0 < args.rows; row0 += kRowThreads * kUnroll) {
       P x_pack[kUnroll], g_pack[kUnroll];
 #pragma unroll
