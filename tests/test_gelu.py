@@ -351,6 +351,27 @@ def test_fake_kernels_trace_on_meta():
         torch.ops.flashext.bias_gelu(x, torch.empty(15, device="meta"))
 
 
+def test_autograd_wiring_on_meta():
+    # The autograd registration (flashext/gelu.py) on meta tensors: each op records a node whose backward
+    # is its fused backward op, gradients only for inputs that ask for one, no second derivative.
+    def meta(*shape):
+        return torch.empty(*shape, device="meta", requires_grad=True)
+
+    x, y, b = meta(3, 5, 16), meta(3, 5, 16), meta(16)
+    out = flashext.bias_gelu(flashext.fused_add_gelu(x, y), b)
+    assert out.grad_fn is not None and out.shape == (3, 5, 16)
+    gx, gy, gb = torch.autograd.grad(out, (x, y, b), torch.empty_like(out))
+    assert gx.shape == gy.shape == x.shape and gb.shape == (16,)
+    gb_only = flashext.bias_gelu(x.detach(), b)
+    (gb,) = torch.autograd.grad(gb_only, (b,), torch.empty_like(gb_only))
+    assert gb.shape == (16,)
+    with torch.no_grad():
+        assert flashext.bias_gelu(x, b).grad_fn is None
+    (gx,) = torch.autograd.grad(flashext.fused_add_gelu(x, y.detach()), (x,), torch.empty_like(x), create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(gx, (x,), torch.empty_like(gx))
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_opcheck(dtype):
