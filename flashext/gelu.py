@@ -1,8 +1,8 @@
 """Fused GeLU epilogues: gelu(x + y) and gelu(x + bias) in one pass over HBM.
 
 The CUDA kernels are csrc/kernels/gelu/ (schemas in csrc/torch/registration.cpp, glue in
-csrc/torch/gelu.cpp, which also registers their autograd); this module holds the public functions
-and the fake (meta) kernels that let torch.compile trace them.
+csrc/torch/gelu.cpp); this module holds the public functions, the fake (meta) kernels that let
+torch.compile trace them, and the autograd formulas, whose backward is a fused kernel too.
 Their Triton twins are flashext/triton_ref/gelu.py, their definition flashext/reference.py.
 
 Layout and cost: outputs are contiguous. Contiguous inputs, including unaligned views such as
@@ -109,10 +109,26 @@ def _bias_gelu_backward_fake(grad_out: Tensor, x: Tensor, bias: Tensor, approxim
     return x.new_empty(x.shape), bias.new_empty(bias.shape)
 
 
-# ---- autograd ------------------------------------------------------------------------------
-# add_gelu and bias_gelu have their autograd in C++ (csrc/torch/gelu.cpp, the Autograd key: no
-# Python on the eager path); their backward is the fused backward op below. The backward ops
-# themselves are not differentiable: asking for a second derivative raises.
+# ---- autograd: the backward of each op is its fused backward kernel -------------------------
+
+
+def _save_inputs(ctx, inputs, output) -> None:
+    x, other, approximate = inputs
+    ctx.save_for_backward(x, other)
+    ctx.approximate = approximate
+
+
+def _add_gelu_grad(ctx, grad: Tensor):
+    x, y = ctx.saved_tensors
+    # d/dx gelu(x + y) = d/dy gelu(x + y) = gelu'(x + y): one kernel, one tensor for both
+    grad_z = _ops.add_gelu_backward(grad, x, y, ctx.approximate)
+    return (grad_z if ctx.needs_input_grad[0] else None, grad_z if ctx.needs_input_grad[1] else None, None)
+
+
+def _bias_gelu_grad(ctx, grad: Tensor):
+    x, bias = ctx.saved_tensors
+    grad_x, grad_bias = _ops.bias_gelu_backward(grad, x, bias, ctx.approximate)
+    return (grad_x if ctx.needs_input_grad[0] else None, grad_bias if ctx.needs_input_grad[1] else None, None)
 
 
 def _no_double_backward(ctx, *grads):
@@ -121,6 +137,8 @@ def _no_double_backward(ctx, *grads):
     )
 
 
+torch.library.register_autograd("flashext::add_gelu", _add_gelu_grad, setup_context=_save_inputs)
+torch.library.register_autograd("flashext::bias_gelu", _bias_gelu_grad, setup_context=_save_inputs)
 torch.library.register_autograd(
     "flashext::add_gelu_backward", _no_double_backward, setup_context=lambda ctx, inputs, output: None
 )

@@ -2,9 +2,7 @@
 // params structs of flashext/gelu.h and launches on the current stream. Schemas: registration.cpp.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <string>
@@ -181,79 +179,10 @@ void register_gelu_impls(torch::Library& m) {
   m.impl("bias_gelu_backward", &bias_gelu_backward);
 }
 
-// ---- autograd: each op's backward is its fused backward kernel -------------------------------
-// Registered in C++ (the Autograd key) rather than through torch.library.register_autograd: the
-// Python formula ran Python on every call, ~11 us per eager call (graph benchmark, 0791ed1). The
-// ops are called through the dispatcher, so fake tensors, torch.compile and the backward ops'
-// own autograd (double backward refused, flashext/gelu.py) see them as before.
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> gelu_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
-
-// x and the other input (y or bias) saved; "approximate" in saved_data.
-void save_gelu_inputs(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& other,
-                      const std::string& approximate) {
-  ctx->save_for_backward({x, other});
-  ctx->saved_data["approximate"] = approximate;
-}
-
-struct AddGeluFunction : torch::autograd::Function<AddGeluFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y, std::string approximate) {
-    static const auto op = gelu_op<at::Tensor(const at::Tensor&, const at::Tensor&, std::string)>("flashext::add_gelu");
-    save_gelu_inputs(ctx, x, y, approximate);
-    const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return op.call(x, y, approximate);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto op = gelu_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, std::string)>(
-        "flashext::add_gelu_backward");
-    const variable_list saved = ctx->get_saved_variables();
-    // d/dx gelu(x + y) = d/dy gelu(x + y) = gelu'(x + y): one kernel, one tensor for both
-    const at::Tensor grad_z = op.call(grads[0], saved[0], saved[1], ctx->saved_data["approximate"].toStringRef());
-    return {ctx->needs_input_grad(0) ? grad_z : at::Tensor(), ctx->needs_input_grad(1) ? grad_z : at::Tensor(),
-            at::Tensor()};
-  }
-};
-
-struct BiasGeluFunction : torch::autograd::Function<BiasGeluFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias, std::string approximate) {
-    static const auto op = gelu_op<at::Tensor(const at::Tensor&, const at::Tensor&, std::string)>("flashext::bias_gelu");
-    save_gelu_inputs(ctx, x, bias, approximate);
-    const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return op.call(x, bias, approximate);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto op = gelu_op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                      const at::Tensor&, std::string)>(
-        "flashext::bias_gelu_backward");
-    const variable_list saved = ctx->get_saved_variables();
-    auto [grad_x, grad_bias] = op.call(grads[0], saved[0], saved[1], ctx->saved_data["approximate"].toStringRef());
-    return {ctx->needs_input_grad(0) ? grad_x : at::Tensor(), ctx->needs_input_grad(1) ? grad_bias : at::Tensor(),
-            at::Tensor()};
-  }
-};
-
-at::Tensor add_gelu_autograd(const at::Tensor& x, const at::Tensor& y, std::string approximate) {
-  return AddGeluFunction::apply(x, y, std::move(approximate));
-}
-
-at::Tensor bias_gelu_autograd(const at::Tensor& x, const at::Tensor& bias, std::string approximate) {
-  return BiasGeluFunction::apply(x, bias, std::move(approximate));
-}
-
 }  // namespace
 
 // CUDA tensors run the kernels; CPU tensors reach the same checks, which refuse them by name.
 TORCH_LIBRARY_IMPL(flashext, CUDA, m) { register_gelu_impls(m); }
 TORCH_LIBRARY_IMPL(flashext, CPU, m) { register_gelu_impls(m); }
-TORCH_LIBRARY_IMPL(flashext, Autograd, m) {
-  m.impl("add_gelu", &add_gelu_autograd);
-  m.impl("bias_gelu", &bias_gelu_autograd);
-}
 
 }  // namespace flashext_torch
