@@ -22,17 +22,6 @@ cudaError_t run_bias_gelu_fwd(const BiasGeluParams& p, cudaStream_t stream) {
   const int vec = bias_gelu_vec_width(ptrs, 3, p.cols, p.x_row_stride, p.dtype);
   return dispatch_dtype(p.dtype, [&](auto type_tag) {
     using T = decltype(type_tag);
-    if constexpr (FLASHEXT_GELU_BIAS_FWD_FEW_ROWS != 0) {  // experiment: the backward's few-rows walk
-     if (vec == kVec16<T> && bias_gelu_bwd_one_pass(p.rows, p.cols, vec, current_device_sm_count())) {
-      const RowColArgs args{nullptr, p.x, p.bias, p.out, nullptr, p.rows, p.cols, p.x_row_stride,
-                            p.rows, p.approximate == GeluApprox::kTanh};
-      const dim3 grid(unsigned(ceil_div(p.cols, int64_t(vec) * BiasBwdOnePass::kColThreads)));
-      constexpr int kThreads = BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads;
-      if (args.tanh_form) bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, true, false><<<grid, kThreads, 0, stream>>>(args);
-      else bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, false, false><<<grid, kThreads, 0, stream>>>(args);
-      return cudaGetLastError();
-     }
-    }
     const RowColPlan plan =
         plan_bias_gelu(p.rows, p.cols, vec, /*max_row_groups=*/INT64_MAX, kBiasRowUnroll<T, /*kBackward=*/false>);
     const RowColArgs args{nullptr, p.x, p.bias, p.out, nullptr, p.rows, p.cols, p.x_row_stride,

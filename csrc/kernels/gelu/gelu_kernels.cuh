@@ -275,12 +275,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #ifndef FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS  // 1024 threads per SM: ≤ 64 registers
 #define FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS (1024 / (BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads))
 #endif
-// kBackward = false: the same walk for the forward (no grad_out, no reduction), for the
-// FLASHEXT_GELU_BIAS_FWD_FEW_ROWS experiment.
-#ifndef FLASHEXT_GELU_BIAS_FWD_FEW_ROWS
-#define FLASHEXT_GELU_BIAS_FWD_FEW_ROWS 0
-#endif
-template <typename T, int kVec, bool kTanh, bool kBackward = true>
+template <typename T, int kVec, bool kTanh>
 __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads, FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS)
     bias_gelu_bwd_one_pass_kernel(const RowColArgs args) {
   constexpr int kColThreads = BiasBwdOnePass::kColThreads, kRowThreads = BiasBwdOnePass::kRowThreads;
@@ -310,7 +305,7 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
         const int64_t row = row0 + u * kRowThreads;
         if (row < args.rows) {
           x_pack[u] = load_pack<T, kVec>(x, row * x_row_packs + col_pack);
-          if constexpr (kBackward) g_pack[u] = load_pack<T, kVec>(grad_out, row * dst_row_packs + col_pack);
+          g_pack[u] = load_pack<T, kVec>(grad_out, row * dst_row_packs + col_pack);
         }
       }
 #pragma unroll
@@ -320,10 +315,10 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
           P out;
 #pragma unroll
           for (int e = 0; e < kVec; ++e) {
-            const float value = gelu_epilogue<T, kBackward, kTanh>(to_float(x_pack[u].elem[e]) + bias[e],
-                                                                  kBackward ? to_float(g_pack[u].elem[e]) : 0.0f);
+            const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(to_float(x_pack[u].elem[e]) + bias[e],
+                                                                           to_float(g_pack[u].elem[e]));
             out.elem[e] = from_float<T>(value);
-            if constexpr (kBackward) bias_grad[e] += value;  // fp32, before rounding to T
+            bias_grad[e] += value;  // fp32, before rounding to T
           }
           store_pack<T, kVec>(dst, row * dst_row_packs + col_pack, out);
         }
@@ -331,20 +326,18 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
     }
   }
 
-  if constexpr (kBackward) {
-    __shared__ float smem[kRowThreads][kCols + 1];
+  __shared__ float smem[kRowThreads][kCols + 1];
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) smem[ty][tx * kVec + e] = bias_grad[e];
-    __syncthreads();  // every row thread's sums are in shared memory
-    const int col = threadIdx.x / kSlices, slice = threadIdx.x % kSlices;
-    float sum = 0.0f;
+  for (int e = 0; e < kVec; ++e) smem[ty][tx * kVec + e] = bias_grad[e];
+  __syncthreads();  // every row thread's sums are in shared memory
+  const int col = threadIdx.x / kSlices, slice = threadIdx.x % kSlices;
+  float sum = 0.0f;
 #pragma unroll
-    for (int r = slice; r < kRowThreads; r += kSlices) sum += smem[r][col];
+  for (int r = slice; r < kRowThreads; r += kSlices) sum += smem[r][col];
 #pragma unroll
-    for (int offset = kSlices / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    const int64_t out_col = int64_t(blockIdx.x) * kCols + col;
-    if (slice == 0 && out_col < args.cols) static_cast<T*>(args.grad_bias)[out_col] = from_float<T>(sum);
-  }
+  for (int offset = kSlices / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const int64_t out_col = int64_t(blockIdx.x) * kCols + col;
+  if (slice == 0 && out_col < args.cols) static_cast<T*>(args.grad_bias)[out_col] = from_float<T>(sum);
 }
 
 // ---- launch helpers -----------------------------------------------------------------------
