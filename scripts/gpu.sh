@@ -81,17 +81,22 @@ profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash
     ncu -i "$OUT/attention_profile.ncu-rep" --page source --csv --print-source sass >"$OUT/attention_source.csv" ||
       echo "profile: the SASS source export failed (see ncu --help for this version's --page source options)"
   fi
-  ncu -i "$OUT/attention_profile.ncu-rep" --page details >"$OUT/attention_profile.txt"
-  ncu -i "$OUT/attention_profile.ncu-rep" --page raw --csv \
-    --metrics "regex:smsp__average_warps?_issue_stalled_.*_per_issue_active.ratio" >"$OUT/attention_stalls.csv"
-  $PY benchmarks/ncu_stalls.py "$OUT/attention_stalls.csv" | tee "$OUT/attention_stalls.txt"
+  ncu_export attention_profile attention
 }
 
-profile_gelu() {  # Nsight Compute: duration and throughput of each bias + GeLU launch (profile_gelu.py)
+profile_gelu() {  # Nsight Compute: duration, throughput and stall reasons of each bias + GeLU launch (profile_gelu.py)
   ncu --clock-control none -k regex:gelu -f -o "$OUT/gelu_profile" --section SpeedOfLight --section LaunchStats \
-    --section Occupancy $PY benchmarks/profile_gelu.py || return 1
-  ncu -i "$OUT/gelu_profile.ncu-rep" --page details >"$OUT/gelu_profile.txt"
-  grep -E "gelu|Duration|DRAM Throughput|Grid Size|Block Size" "$OUT/gelu_profile.txt"
+    --section Occupancy --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+    $PY benchmarks/profile_gelu.py || return 1
+  ncu_export gelu_profile gelu
+  grep -E "gelu|Duration|DRAM Throughput|Grid Size|Block Size|No Eligible" "$OUT/gelu_profile.txt"
+}
+
+ncu_export() {  # ncu_export REPORT PREFIX: $OUT/REPORT.txt (details), PREFIX_stalls.csv and its summary PREFIX_stalls.txt
+  ncu -i "$OUT/$1.ncu-rep" --page details >"$OUT/$1.txt"
+  ncu -i "$OUT/$1.ncu-rep" --page raw --csv \
+    --metrics "regex:smsp__average_warps?_issue_stalled_.*_per_issue_active.ratio" >"$OUT/$2_stalls.csv"
+  $PY benchmarks/ncu_stalls.py "$OUT/$2_stalls.csv" | tee "$OUT/$2_stalls.txt"
 }
 
 ab() {

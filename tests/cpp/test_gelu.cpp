@@ -177,24 +177,6 @@ TEST(BiasGeluPlan, CoversEveryRowAndColumnOnce) {
   }
 }
 
-TEST(AddGeluPlan, SmallTensorsGetSmallerBlocks) {
-  // 256 threads from two blocks per SM up; 128 or 64 below, never fewer than 64.
-  EXPECT_EQ(flashext::flat_block_threads(int64_t(1) << 28, 132), 256);
-  EXPECT_EQ(flashext::flat_block_threads(2 * 132 * 256, 132), 256);
-  EXPECT_EQ(flashext::flat_block_threads((2 * 132 - 1) * 256, 132), 128);  // 263 blocks of 256
-  EXPECT_EQ(flashext::flat_block_threads(8192, 132), 64);  // 2^16 bf16 elements: 128 blocks
-  EXPECT_EQ(flashext::flat_block_threads(1, 132), 64);
-  EXPECT_EQ(flashext::flat_block_threads(0, 132), 64);
-  EXPECT_EQ(flashext::flat_block_threads(1000, 0), 256);  // SM count unknown: the default
-  int previous = 64;
-  for (int64_t packs = 1; packs < (int64_t(1) << 20); packs = packs * 3 / 2 + 1) {
-    const int threads = flashext::flat_block_threads(packs, 132);
-    EXPECT_TRUE(threads == 64 || threads == 128 || threads == 256);
-    EXPECT_GE(threads, previous);  // never fewer threads for more work
-    previous = threads;
-  }
-}
-
 TEST(BiasGeluPlan, FewRowsOfWideColumnsTakeOnePass) {
   if (!flashext::bias_gelu_bwd_one_pass_enabled()) GTEST_SKIP() << "built with FLASHEXT_GELU_BIAS_BWD_ONE_PASS=0";
   // 256 x 16384 (bench_gelu's small shape): 256 strips of 64 columns (16-bit), 512 of 32 (fp32)

@@ -85,11 +85,6 @@ struct RowColPlan {
 
 RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_groups, int row_unroll);
 
-// Threads per block of the flat add + GeLU launch that covers `packs` packs: 256, halved (down to
-// 64) while that grid would give fewer than two blocks per SM, so small tensors spread over more
-// SMs. Used only with -DFLASHEXT_GELU_SMALL_BLOCKS=1 (an A/B knob; docs/notes/gelu.md).
-int flat_block_threads(int64_t packs, int sm_count);
-
 // 16 bytes when the pointers (all 16-byte aligned), cols and the row stride allow it, else 1.
 int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int64_t x_row_stride,
                         DType dtype);

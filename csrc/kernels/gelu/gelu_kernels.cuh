@@ -33,7 +33,6 @@
 
 #include <algorithm>
 
-#include "../common/device.h"
 #include "../common/gelu_math.h"
 #include "../common/macros.h"
 #include "../common/vec.cuh"
@@ -43,11 +42,6 @@ namespace flashext {
 namespace gelu_detail {
 
 constexpr int kFlatThreads = 256;
-// FLASHEXT_GELU_SMALL_BLOCKS=1: the flat launch takes flat_block_threads() threads per block
-// (fewer for small tensors) and the kernel indexes by blockDim.x. Off: kFlatThreads, as measured.
-#ifndef FLASHEXT_GELU_SMALL_BLOCKS
-#define FLASHEXT_GELU_SMALL_BLOCKS 0
-#endif
 // Resident blocks per SM asked of the register allocator: ≤ 32 registers per thread forward,
 // ≤ 42 backward.
 template <bool kBackward>
@@ -105,7 +99,7 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
   const T* grad_out = static_cast<const T*>(args.grad_out);
   T* dst = static_cast<T*>(args.dst);
   const int64_t num_packs = args.n / kVec;
-  const int64_t pack = int64_t(blockIdx.x) * (FLASHEXT_GELU_SMALL_BLOCKS ? int(blockDim.x) : kFlatThreads) + threadIdx.x;
+  const int64_t pack = int64_t(blockIdx.x) * kFlatThreads + threadIdx.x;
 
   if (pack < num_packs) {
     // All loads first, then the math: the 16-byte requests of x, y (and grad_out) overlap.
@@ -348,14 +342,13 @@ cudaError_t launch_add_gelu(const FlatArgs& args, cudaStream_t stream) {
   const bool vectorized = is_aligned16(args.x) && is_aligned16(args.y) && is_aligned16(args.dst) &&
                           (!kBackward || is_aligned16(args.grad_out));
   const int vec = vectorized ? kVec : 1;
-  const int threads = FLASHEXT_GELU_SMALL_BLOCKS ? flat_block_threads(args.n / vec, current_device_sm_count()) : kFlatThreads;
-  const dim3 grid(unsigned(std::max<int64_t>(1, ceil_div(args.n / vec, threads))));
+  const dim3 grid(unsigned(std::max<int64_t>(1, ceil_div(args.n / vec, kFlatThreads))));
   if (vectorized) {
-    if (args.tanh_form) add_gelu_kernel<T, kVec, kBackward, true><<<grid, threads, 0, stream>>>(args);
-    else add_gelu_kernel<T, kVec, kBackward, false><<<grid, threads, 0, stream>>>(args);
+    if (args.tanh_form) add_gelu_kernel<T, kVec, kBackward, true><<<grid, kFlatThreads, 0, stream>>>(args);
+    else add_gelu_kernel<T, kVec, kBackward, false><<<grid, kFlatThreads, 0, stream>>>(args);
   } else {
-    if (args.tanh_form) add_gelu_kernel<T, 1, kBackward, true><<<grid, threads, 0, stream>>>(args);
-    else add_gelu_kernel<T, 1, kBackward, false><<<grid, threads, 0, stream>>>(args);
+    if (args.tanh_form) add_gelu_kernel<T, 1, kBackward, true><<<grid, kFlatThreads, 0, stream>>>(args);
+    else add_gelu_kernel<T, 1, kBackward, false><<<grid, kFlatThreads, 0, stream>>>(args);
   }
   return cudaGetLastError();
 }

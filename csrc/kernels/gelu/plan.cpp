@@ -25,12 +25,6 @@ RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_g
   return plan;
 }
 
-int flat_block_threads(int64_t packs, int sm_count) {
-  int threads = 256;
-  while (threads > 64 && ceil_div(packs, int64_t(threads)) < 2 * int64_t(sm_count)) threads /= 2;
-  return threads;
-}
-
 int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int64_t x_row_stride,
                         DType dtype) {
   const int vec = 16 / dtype_size(dtype);
