@@ -8,7 +8,8 @@ Sections
   add_bwd   grad · gelu'(x + y): flashext and twin (4 tensors: grad, x, y → grad_in) against
             eager aten.gelu_backward(grad, z) with z = x + y saved (3 tensors)
   bias      gelu(x + b) at 8192×16384 and 256×16384: flashext, twin, eager, torch.compile
-  bias_bwd  (grad_x, grad_b): flashext and twin (3 tensors) against eager gelu_backward + sum(0)
+  bias_bwd  (grad_x, grad_b): flashext and twin (3 tensors) against eager gelu_backward + sum(0);
+            also torch.add(grad, x) ("add_2r1w": the backward's 2 reads per write, the same bytes)
   graph     80 × (Linear 1024→1024 + bias GeLU) on an 8×1024 fp16 input: eager against CUDA-graph
             replay, torch's F.gelu(F.linear(...)) beside flashext.bias_gelu
 Every implementation is checked against flashext.reference (flashext.testing's rule) on the
@@ -141,9 +142,13 @@ def section_bias(rows, compiled, backward):
                 valid = {name: validated(f"bias_bwd {dname} {m}x{n} {name} grad_x", lambda fn=fn: fn()[0], want_x, base_x, GRADIENT_FACTOR)
                          and validated(f"bias_bwd {dname} {m}x{n} {name} grad_b", lambda fn=fn: fn()[1], want_b, base_b, GRADIENT_FACTOR)
                          for name, fn in impls.items()}
-            timed_paired(row, impls, {name: nbytes for name in impls}, valid, dtype)
+                # The backward reads two tensors for each one it writes; the copy reads one. A plain
+                # torch.add with the backward's mix shows what that costs where the call is short.
+                mix = torch.empty_like(g)
+                extras = {"add_2r1w": lambda: torch.add(g, x, out=mix)}
+            timed_paired(row, impls, {name: nbytes for name in impls}, valid, dtype, extras if backward else None)
             rows.append(row)
-            print_row(row, [k for k in ("flashext", "triton_twin", "eager", "torch_compile", "copy") if k in row])
+            print_row(row, [k for k in ("flashext", "triton_twin", "eager", "torch_compile", "copy", "add_2r1w") if k in row])
 
 
 def section_graph(rows, layers=80, batch=8, width=1024):
@@ -186,15 +191,18 @@ def section_graph(rows, layers=80, batch=8, width=1024):
                       for k in ("torch", "flashext")))
 
 
-def timed_paired(row, impls, nbytes, valid, dtype):
-    """Times impls and a copy moving the row's bytes call by call, interleaved (bench_paired;
-    median), filling row[name] = {ms, gbps, valid, iqr_ms, iters} and row["copy"]."""
+def timed_paired(row, impls, nbytes, valid, dtype, extras=None):
+    """Times impls, a copy moving the row's bytes and any extra reference calls (each moving the
+    row's bytes, not validated) call by call, interleaved (bench_paired; median), filling
+    row[name] = {ms, gbps, valid, iqr_ms, iters}, row["copy"] and row[extra]."""
     copy_call, copy_bytes = copy_fn(row["bytes"], dtype)
-    timed = bench_paired({**impls, "copy": copy_call})
-    for name in list(impls) + ["copy"]:
+    extras = extras or {}
+    timed = bench_paired({**impls, "copy": copy_call, **extras})
+    for name in list(impls) + ["copy"] + list(extras):
         ms, iqr, iters = timed[name]
-        row[name] = {"ms": ms, "gbps": gbps(copy_bytes if name == "copy" else nbytes[name], ms), "iqr_ms": iqr,
-                     "iters": iters, **({} if name == "copy" else {"valid": valid[name]})}
+        moved = copy_bytes if name == "copy" else row["bytes"] if name in extras else nbytes[name]
+        row[name] = {"ms": ms, "gbps": gbps(moved, ms), "iqr_ms": iqr, "iters": iters,
+                     **({"valid": valid[name]} if name in impls else {})}
 
 
 def print_row(row, names):
@@ -281,6 +289,8 @@ def summarize(payload):
         ours = row["flashext"]["gbps"]
         shape = f"2^{row['n'].bit_length() - 1}" if "n" in row else f"{row['rows']}x{row['cols']}"
         parts = [f"{ours / ceiling:.2f} of ceiling", f"{ours / row['copy']['gbps']:.2f} of same-size copy"]
+        if "add_2r1w" in row:
+            parts.append(f"{ours / row['add_2r1w']['gbps']:.2f} of a 2-read 1-write add")
         for anchor in ("triton_twin", "seed_triton", "eager", "torch_compile"):
             if anchor in row:
                 parts.append(f"{row[anchor]['ms'] / row['flashext']['ms']:.2f}x {anchor}")

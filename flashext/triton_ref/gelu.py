@@ -68,14 +68,11 @@ def mills(x, P, C0, C1, C2, C3, C4, C5, C6, C7):
 
 
 @triton.jit
-def normal_parts(z, PRECISE: tl.constexpr):
+def normal_parts(z):
     """(Φ(z), φ(z)): the upper tail Q(|z|) = φ(|z|)·M(|z|) with the Mills ratio M fitted as t·P(t),
-    P of degree 5 (forward) or 7 (PRECISE, the backward, where Φ + z·φ cancels near z = −0.75)."""
+    P of degree 5 (the forward; the backward's degree-7 fit is in gelu_grad)."""
     x = tl.abs(z)
-    if PRECISE:
-        m = mills(x, kMills7P, kMills7_0, kMills7_1, kMills7_2, kMills7_3, kMills7_4, kMills7_5, kMills7_6, kMills7_7)
-    else:
-        m = mills(x, kMillsP, kMills0, kMills1, kMills2, kMills3, kMills4, kMills5, 0.0, 0.0)
+    m = mills(x, kMillsP, kMills0, kMills1, kMills2, kMills3, kMills4, kMills5, 0.0, 0.0)
     e = tl.math.exp2(z * (z * kNegHalfLog2e))  # e^{−z²/2} = √(2π)·φ(z)
     tail = e * m
     return tl.where(z >= 0.0, 1.0 - tail, tail), kInvSqrt2Pi * e
@@ -88,7 +85,7 @@ def gelu(z, TANH: tl.constexpr, FAST_PHI: tl.constexpr):
         one_plus_t, sech2 = tanh_parts(u)
         return 0.5 * z * one_plus_t
     elif FAST_PHI:
-        cdf, pdf = normal_parts(z, False)
+        cdf, pdf = normal_parts(z)
         return z * cdf
     else:
         return 0.5 * z * (1.0 + tl.math.erf(z * kSqrt1_2))
@@ -102,8 +99,12 @@ def gelu_grad(z, TANH: tl.constexpr, FAST_PHI: tl.constexpr):
         du_dz = kSqrt2OverPi * (1.0 + 3.0 * kGeluTanhCubic * z * z)
         return 0.5 * one_plus_t + 0.5 * z * sech2 * du_dz
     elif FAST_PHI:
-        cdf, pdf = normal_parts(z, True)
-        return cdf + z * pdf
+        # Φ(z) + z·φ(z) = 1 − w (z ≥ 0) or w (z < 0), w = e^{−z²/2}·(M(|z|) − |z|)/√(2π)
+        # (gelu_erf_16_grad in gelu_math.h)
+        x = tl.abs(z)
+        m = mills(x, kMills7P, kMills7_0, kMills7_1, kMills7_2, kMills7_3, kMills7_4, kMills7_5, kMills7_6, kMills7_7)
+        w = tl.math.exp2(z * (z * kNegHalfLog2e)) * (m - x * kInvSqrt2Pi)
+        return tl.where(z >= 0.0, 1.0 - w, w)
     else:
         cdf = 0.5 * (1.0 + tl.math.erf(z * kSqrt1_2))
         pdf = kInvSqrt2Pi * tl.exp(-0.5 * z * z)

@@ -112,20 +112,34 @@ constexpr float kMills7_0 = 0.119626351f, kMills7_1 = 0.120798968f, kMills7_2 = 
 constexpr float kMills7_3 = 0.129480943f, kMills7_4 = -0.0554152019f, kMills7_5 = 0.208228856f;
 constexpr float kMills7_6 = -0.158288345f, kMills7_7 = 0.0359345526f;
 
-FX_HOST_DEVICE NormalParts normal_parts_precise(float z) {
-  const float t = fast_rcp(fmaf(kMills7P, fabsf(z), 1.0f));
-  return normal_parts_from_mills(
-      z, t * horner(t, kMills7_0, kMills7_1, kMills7_2, kMills7_3, kMills7_4, kMills7_5, kMills7_6, kMills7_7));
+// M(x)/√(2π) from the degree-7 fit, x ≥ 0.
+FX_HOST_DEVICE float mills_precise(float x) {
+  const float t = fast_rcp(fmaf(kMills7P, x, 1.0f));
+  return t * horner(t, kMills7_0, kMills7_1, kMills7_2, kMills7_3, kMills7_4, kMills7_5, kMills7_6, kMills7_7);
 }
+
+FX_HOST_DEVICE NormalParts normal_parts_precise(float z) { return normal_parts_from_mills(z, mills_precise(fabsf(z))); }
 
 // Exact GeLU and its derivative without erff: for 16-bit results only. The derivative needs the
 // degree-7 fit: Φ(z) + z·φ(z) cancels near z = −0.75, where the degree-5 fit's absolute error of
 // ~1e-6 is a few fp16 steps of the result. One exponential serves Φ and φ.
 FX_HOST_DEVICE float gelu_erf_16(float z) { return z * normal_parts(z).cdf; }
 
+// With x = |z| and e = e^{−z²/2}: Φ(z) + z·φ(z) = 1 − w for z ≥ 0 and w for z < 0, where
+// w = Q(x) − x·φ(x) = e·(M(x) − x)/√(2π): one fused multiply-add and one product after the fit,
+// where Φ and φ apart take three (docs/notes/gelu.md). ±inf give NaN, as in PyTorch.
+#ifndef FLASHEXT_GELU_GRAD_W  // A/B knob (temporary): 0 adds Φ and z·φ as before
+#define FLASHEXT_GELU_GRAD_W 1
+#endif
 FX_HOST_DEVICE float gelu_erf_16_grad(float z) {
-  const NormalParts n = normal_parts_precise(z);
-  return n.cdf + z * n.pdf;
+  if (!FLASHEXT_GELU_GRAD_W) {
+    const NormalParts n = normal_parts_precise(z);
+    return n.cdf + z * n.pdf;
+  }
+  const float x = fabsf(z);
+  const float e = fast_exp2(z * (z * kNegHalfLog2e));
+  const float w = e * fmaf(-x, kInvSqrt2Pi, mills_precise(x));
+  return z >= 0.0f ? 1.0f - w : w;
 }
 
 FX_HOST_DEVICE float gelu_erf_grad(float z) {

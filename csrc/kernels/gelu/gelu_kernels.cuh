@@ -107,12 +107,15 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
     const P y_pack = load_pack<T, kVec>(y, pack);
     P g_pack;
     if constexpr (kBackward) g_pack = load_pack<T, kVec>(grad_out, pack);
+    float xs[kVec], ys[kVec], gs[kVec];
+    unpack(x_pack, xs);
+    unpack(y_pack, ys);
+    if constexpr (kBackward) unpack(g_pack, gs);
     P out;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
-      const float z = to_float(x_pack.elem[i]) + to_float(y_pack.elem[i]);  // z = x + y
-      const float g = kBackward ? to_float(g_pack.elem[i]) : 0.0f;
-      out.elem[i] = from_float<T>(gelu_epilogue<T, kBackward, kTanh>(z, g));
+      const float z = xs[i] + ys[i];  // z = x + y
+      out.elem[i] = from_float<T>(gelu_epilogue<T, kBackward, kTanh>(z, kBackward ? gs[i] : 0.0f));
     }
     store_pack<T, kVec>(dst, pack, out);
   }
@@ -167,8 +170,7 @@ __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThrea
   float bias_grad[kVec];  // Σ over this thread's rows of grad_x (backward)
   if (col_valid) {
     const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) bias[i] = to_float(bias_pack.elem[i]);
+    unpack(bias_pack, bias);
   }
 #pragma unroll
   for (int i = 0; i < kVec; ++i) bias_grad[i] = 0.0f;
@@ -188,12 +190,14 @@ __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThrea
       for (int u = 0; u < kRowUnroll; ++u) {
         const int64_t row = row0 + u * kRowThreads;
         if (row < row_end) {
+          float xs[kVec], gs[kVec];
+          unpack(x_pack[u], xs);
+          if constexpr (kBackward) unpack(g_pack[u], gs);
           P out;
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
-            const float z = to_float(x_pack[u].elem[i]) + bias[i];  // z = x + bias
-            const float g = kBackward ? to_float(g_pack[u].elem[i]) : 0.0f;
-            const float value = gelu_epilogue<T, kBackward, kTanh>(z, g);
+            const float z = xs[i] + bias[i];  // z = x + bias
+            const float value = gelu_epilogue<T, kBackward, kTanh>(z, kBackward ? gs[i] : 0.0f);
             out.elem[i] = from_float<T>(value);
             if constexpr (kBackward) bias_grad[i] += value;  // fp32, before rounding to T
           }
@@ -290,8 +294,7 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
   for (int e = 0; e < kVec; ++e) bias_grad[e] = 0.0f;
   if (col_valid) {
     const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) bias[e] = to_float(bias_pack.elem[e]);
+    unpack(bias_pack, bias);
     for (int64_t row0 = ty; row0 < args.rows; row0 += kRowThreads * kUnroll) {
       P x_pack[kUnroll], g_pack[kUnroll];
 #pragma unroll
@@ -306,11 +309,13 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t row = row0 + u * kRowThreads;
         if (row < args.rows) {
+          float xs[kVec], gs[kVec];
+          unpack(x_pack[u], xs);
+          unpack(g_pack[u], gs);
           P out;
 #pragma unroll
           for (int e = 0; e < kVec; ++e) {
-            const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(to_float(x_pack[u].elem[e]) + bias[e],
-                                                                           to_float(g_pack[u].elem[e]));
+            const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(xs[e] + bias[e], gs[e]);
             out.elem[e] = from_float<T>(value);
             bias_grad[e] += value;  // fp32, before rounding to T
           }
