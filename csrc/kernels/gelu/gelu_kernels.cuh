@@ -35,6 +35,7 @@
 
 #include "../common/gelu_math.h"
 #include "../common/macros.h"
+#include "../common/ptx.cuh"
 #include "../common/vec.cuh"
 #include "flashext/gelu.h"
 
@@ -270,6 +271,11 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #ifndef FLASHEXT_GELU_ONE_PASS_UNROLL
 #define FLASHEXT_GELU_ONE_PASS_UNROLL 1
 #endif
+// FLASHEXT_GELU_ONE_PASS_STAGES = s > 0 (experiment, A/B): each thread streams its rows through a
+// private ring of s shared-memory slots filled by cp.async, s rows in flight (s <= 3: 16 KiB each).
+#ifndef FLASHEXT_GELU_ONE_PASS_STAGES
+#define FLASHEXT_GELU_ONE_PASS_STAGES 0
+#endif
 #ifndef FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS  // 1024 threads per SM: ≤ 64 registers
 #define FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS (1024 / (BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads))
 #endif
@@ -292,7 +298,49 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
   float bias[kVec], bias_grad[kVec];
 #pragma unroll
   for (int e = 0; e < kVec; ++e) bias_grad[e] = 0.0f;
-  if (col_valid) {
+  constexpr int kStages = FLASHEXT_GELU_ONE_PASS_STAGES, kSlots = kStages > 0 ? kStages : 1;
+  // The ring (experiment) and the reduction below share the block's shared memory.
+  constexpr size_t kRingBytes = kStages > 0 ? sizeof(P) * 2 * kSlots * kThreads : 0;
+  constexpr size_t kReduceBytes = sizeof(float) * kRowThreads * (kCols + 1);
+  __shared__ alignas(16) unsigned char smem_raw[kRingBytes > kReduceBytes ? kRingBytes : kReduceBytes];
+  if (kStages > 0 && col_valid) {
+    // ring[slot][0 = x, 1 = grad_out][thread]: only this thread fills (cp.async) and reads its
+    // slots, so cp.async.wait_group orders them; no barrier.
+    auto ring = reinterpret_cast<P (*)[2][kThreads]>(smem_raw);
+    const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
+    unpack(bias_pack, bias);
+    const int64_t my_rows = args.rows > ty ? (args.rows - ty + kRowThreads - 1) / kRowThreads : 0;
+    const auto issue = [&](int64_t k) {
+      const int64_t row = ty + k * kRowThreads;
+      const int slot = int(k % kSlots);
+      ptx::cp_async_16(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, 16);
+      ptx::cp_async_16(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, 16);
+    };
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      if (k < my_rows) issue(k);
+      ptx::cp_async_commit();
+    }
+    for (int64_t k = 0; k < my_rows; ++k) {
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kSlots - 1) : "memory");  // row k landed
+      const int slot = int(k % kSlots);
+      float xs[kVec], gs[kVec];
+      unpack(ring[slot][0][threadIdx.x], xs);
+      unpack(ring[slot][1][threadIdx.x], gs);
+      P out;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(xs[e] + bias[e], gs[e]);
+        out.elem[e] = from_float<T>(value);
+        bias_grad[e] += value;
+      }
+      // The slot's values are consumed (out depends on them): refill it.
+      asm volatile("" ::: "memory");
+      if (k + kStages < my_rows) issue(k + kStages);
+      ptx::cp_async_commit();
+      store_pack<T, kVec>(dst, (ty + k * kRowThreads) * dst_row_packs + col_pack, out);
+    }
+  } else if (col_valid) {
     const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
     unpack(bias_pack, bias);
     for (int64_t row0 = ty; row0 < args.rows; row0 += kRowThreads * kUnroll) {
@@ -325,7 +373,11 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
     }
   }
 
-  __shared__ float smem[kRowThreads][kCols + 1];
+  if constexpr (kStages > 0) {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();  // every thread is done with the ring before the sums overwrite it
+  }
+  auto smem = reinterpret_cast<float (*)[kCols + 1]>(smem_raw);
 #pragma unroll
   for (int e = 0; e < kVec; ++e) smem[ty][tx * kVec + e] = bias_grad[e];
   __syncthreads();  // every row thread's sums are in shared memory
