@@ -128,14 +128,7 @@ FX_HOST_DEVICE float gelu_erf_16(float z) { return z * normal_parts(z).cdf; }
 // With x = |z| and e = e^{−z²/2}: Φ(z) + z·φ(z) = 1 − w for z ≥ 0 and w for z < 0, where
 // w = Q(x) − x·φ(x) = e·(M(x) − x)/√(2π): one fused multiply-add and one product after the fit,
 // where Φ and φ apart take three (docs/notes/gelu.md). ±inf give NaN, as in PyTorch.
-#ifndef FLASHEXT_GELU_GRAD_W  // A/B knob (temporary): 0 adds Φ and z·φ as before
-#define FLASHEXT_GELU_GRAD_W 1
-#endif
 FX_HOST_DEVICE float gelu_erf_16_grad(float z) {
-  if (!FLASHEXT_GELU_GRAD_W) {
-    const NormalParts n = normal_parts_precise(z);
-    return n.cdf + z * n.pdf;
-  }
   const float x = fabsf(z);
   const float e = fast_exp2(z * (z * kNegHalfLog2e));
   const float w = e * fmaf(-x, kInvSqrt2Pi, mills_precise(x));

@@ -31,12 +31,9 @@ FX_DEVICE float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 // low element is the word shifted up, the high one the word with its low half cleared, one
 // instruction each (converting element by element spends a PRMT more on every high element:
 // 29 instead of 16 instructions for the backward's two 8-element packs).
-#ifndef FLASHEXT_PAIR_UNPACK  // A/B knob (temporary): 0 converts element by element
-#define FLASHEXT_PAIR_UNPACK 1
-#endif
 template <typename T, int N>
 FX_DEVICE void unpack(const Pack<T, N>& p, float (&out)[N]) {
-  if constexpr (FLASHEXT_PAIR_UNPACK && std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {
 #pragma unroll
     for (int i = 0; i < N; i += 2) {
       uint32_t word;

@@ -250,42 +250,35 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 
 // Few rows, one launch (BiasBwdOnePass): block b owns columns [b · kCols, (b + 1) · kCols),
 // kCols = kColThreads · kVec; thread (tx, ty) = (t % kColThreads, t / kColThreads) walks the rows
-// ty + kRowThreads · i, kUnroll at a time. Its fp32 bias-gradient sums then go through shared
-// memory ([ty][tx · kVec + e], rows padded by one float), kSlices = block / kCols threads per
-// column add every kSlices-th row thread's sum, and a shuffle across those kSlices neighbouring
-// lanes finishes the column (kSlices ≤ 32: vectorized layouts only).
+// ty + kRowThreads · k. Each thread streams its rows through a private ring of kStages
+// shared-memory slots (x and grad_out packs) filled by cp.async: rows k + 1 … k + kStages − 1 are
+// in flight while row k is computed, and no registers hold them. Its fp32 bias-gradient sums then
+// go through shared memory ([ty][tx · kVec + e], rows padded by one float; the ring's bytes once
+// every thread is done with them), kSlices = block / kCols threads per column add every kSlices-th
+// row thread's sum, and a shuffle across those kSlices neighbouring lanes finishes the column
+// (kSlices ≤ 32: vectorized layouts only).
 //
-// Block shape (BiasBwdOnePass): 8 column threads × 64 row threads, so a warp reads whole 128-byte
-// lines of 4 rows. A/B at 0063fc5, 256 × 16384, of a same-bytes copy: 4 column threads (64-byte
-// row segments, 256 threads, 4 blocks/SM) 0.76-0.77 / 0.78-0.79 / 0.77-0.79 (fp32/fp16/bf16);
-// 8 (512 threads, 2 blocks/SM) 0.81-0.82 / 0.84-0.85 / 0.82-0.83; 16 (256-byte segments) 0.81 /
-// 0.83 / 0.84. Neither an L2 prefetch of every row up front nor a 2-4-slot cp.async ring per
-// thread moved the 4-thread layout (0.74-0.82, within noise; code in f5e6224 and 0063fc5).
-//
-// kUnroll (rows in flight per thread) and the resident blocks per SM (the register cap) are A/B
-// macros. A/B at dc860a6 (4 column threads), 256 × 16384, of a same-bytes copy: 1 row at 4 blocks
-// 0.76 fp32 / 0.79 fp16 / 0.79 bf16; 2 rows at 4 blocks (64 registers, bf16 spills) 0.75 / 0.76 /
-// 0.60; 4 rows at 2 blocks (122 registers) 0.73 / 0.70 / 0.73; the two-kernel path 0.72 / 0.66 /
-// 0.65. Occupancy beats rows in flight here, as in the flat kernel: the backward's math needs the
-// warps to hide its latency.
-#ifndef FLASHEXT_GELU_ONE_PASS_UNROLL
-#define FLASHEXT_GELU_ONE_PASS_UNROLL 1
-#endif
-// FLASHEXT_GELU_ONE_PASS_STAGES = s > 0 (experiment, A/B): each thread streams its rows through a
-// private ring of s shared-memory slots filled by cp.async, s rows in flight (s <= 3: 16 KiB each).
+// Measured at 256 × 16384, of a same-bytes copy (fp32 / fp16 / bf16; docs/notes/gelu.md):
+// - block shape (BiasBwdOnePass), one row at a time through registers, A/B at 0063fc5: 4 column
+//   threads (64-byte row segments, 256 threads, 4 blocks/SM) 0.76-0.79; 8 (a warp reads whole
+//   128-byte lines of 4 rows; 512 threads, 2 blocks/SM) 0.81-0.85; 16 (256-byte segments)
+//   0.81-0.84. An L2 prefetch of every row up front did not move the 4-thread layout (f5e6224).
+// - rows in flight with 8 column threads, A/Bs at 3e06f99 and 5593c42: one row through registers
+//   0.84 / 0.84 / 0.84 (three runs); two through registers (64 registers) 0.82-0.83 / 0.81 / 0.82;
+//   a ring of 2 slots 0.86-0.87 / 0.86 / 0.86 (three runs), of 3 slots 0.83 / 0.81 / 0.82.
+//   FLASHEXT_GELU_ONE_PASS_STAGES (1-3) sets the slots for A/B runs.
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
-#define FLASHEXT_GELU_ONE_PASS_STAGES 0
-#endif
-#ifndef FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS  // 1024 threads per SM: ≤ 64 registers
-#define FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS (1024 / (BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads))
+#define FLASHEXT_GELU_ONE_PASS_STAGES 2
 #endif
 template <typename T, int kVec, bool kTanh>
-__global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads, FLASHEXT_GELU_ONE_PASS_MIN_BLOCKS)
+__global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads,
+                                  1024 / (BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads))
     bias_gelu_bwd_one_pass_kernel(const RowColArgs args) {
   constexpr int kColThreads = BiasBwdOnePass::kColThreads, kRowThreads = BiasBwdOnePass::kRowThreads;
-  constexpr int kUnroll = FLASHEXT_GELU_ONE_PASS_UNROLL, kThreads = kColThreads * kRowThreads;
+  constexpr int kThreads = kColThreads * kRowThreads, kStages = FLASHEXT_GELU_ONE_PASS_STAGES;
   constexpr int kCols = kColThreads * kVec, kSlices = kThreads / kCols;
   static_assert(kVec > 1 && kSlices <= 32 && kRowThreads % kSlices == 0, "one lane group per column");
+  static_assert(kStages >= 1 && kStages <= 3, "the ring is 16 KiB per slot; static shared memory stops at 48 KiB");
   using P = Pack<T, kVec>;
   const T* x = static_cast<const T*>(args.x);
   const T* grad_out = static_cast<const T*>(args.grad_out);
@@ -295,35 +288,34 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
   const bool col_valid = col_pack * kVec < args.cols;  // cols % kVec == 0
   const int64_t x_row_packs = args.x_row_stride / kVec, dst_row_packs = args.cols / kVec;
 
+  // ring[slot][0 = x, 1 = grad_out][thread], then the reduction's sums[row thread][column].
+  constexpr size_t kRingBytes = sizeof(P) * 2 * kStages * kThreads;
+  constexpr size_t kSumBytes = sizeof(float) * kRowThreads * (kCols + 1);
+  __shared__ alignas(16) unsigned char smem[kRingBytes > kSumBytes ? kRingBytes : kSumBytes];
+  auto ring = reinterpret_cast<P(*)[2][kThreads]>(smem);
+
   float bias[kVec], bias_grad[kVec];
 #pragma unroll
   for (int e = 0; e < kVec; ++e) bias_grad[e] = 0.0f;
-  constexpr int kStages = FLASHEXT_GELU_ONE_PASS_STAGES, kSlots = kStages > 0 ? kStages : 1;
-  // The ring (experiment) and the reduction below share the block's shared memory.
-  constexpr size_t kRingBytes = kStages > 0 ? sizeof(P) * 2 * kSlots * kThreads : 0;
-  constexpr size_t kReduceBytes = sizeof(float) * kRowThreads * (kCols + 1);
-  __shared__ alignas(16) unsigned char smem_raw[kRingBytes > kReduceBytes ? kRingBytes : kReduceBytes];
-  if (kStages > 0 && col_valid) {
-    // ring[slot][0 = x, 1 = grad_out][thread]: only this thread fills (cp.async) and reads its
-    // slots, so cp.async.wait_group orders them; no barrier.
-    auto ring = reinterpret_cast<P (*)[2][kThreads]>(smem_raw);
+  if (col_valid) {
     const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
     unpack(bias_pack, bias);
     const int64_t my_rows = args.rows > ty ? (args.rows - ty + kRowThreads - 1) / kRowThreads : 0;
-    const auto issue = [&](int64_t k) {
+    // Only this thread fills and reads its slots, so cp.async.wait_group orders them: no barrier.
+    const auto issue = [&](int64_t k) {  // row k of this thread into its slot
       const int64_t row = ty + k * kRowThreads;
-      const int slot = int(k % kSlots);
+      const int slot = int(k % kStages);
       ptx::cp_async_16(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, 16);
       ptx::cp_async_16(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, 16);
     };
 #pragma unroll
-    for (int k = 0; k < kSlots; ++k) {
+    for (int k = 0; k < kStages; ++k) {  // one group per slot, empty past the last row
       if (k < my_rows) issue(k);
       ptx::cp_async_commit();
     }
     for (int64_t k = 0; k < my_rows; ++k) {
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(kSlots - 1) : "memory");  // row k landed
-      const int slot = int(k % kSlots);
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");  // row k has landed
+      const int slot = int(k % kStages);
       float xs[kVec], gs[kVec];
       unpack(ring[slot][0][threadIdx.x], xs);
       unpack(ring[slot][1][threadIdx.x], gs);
@@ -332,59 +324,26 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
       for (int e = 0; e < kVec; ++e) {
         const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(xs[e] + bias[e], gs[e]);
         out.elem[e] = from_float<T>(value);
-        bias_grad[e] += value;
+        bias_grad[e] += value;  // fp32, before rounding to T
       }
-      // The slot's values are consumed (out depends on them): refill it.
+      // out depends on the slot's values, so they have been read: refill it.
       asm volatile("" ::: "memory");
       if (k + kStages < my_rows) issue(k + kStages);
       ptx::cp_async_commit();
       store_pack<T, kVec>(dst, (ty + k * kRowThreads) * dst_row_packs + col_pack, out);
     }
-  } else if (col_valid) {
-    const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
-    unpack(bias_pack, bias);
-    for (int64_t row0 = ty; row0 < args.rows; row0 += kRowThreads * kUnroll) {
-      P x_pack[kUnroll], g_pack[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t row = row0 + u * kRowThreads;
-        if (row < args.rows) {
-          x_pack[u] = load_pack<T, kVec>(x, row * x_row_packs + col_pack);
-          g_pack[u] = load_pack<T, kVec>(grad_out, row * dst_row_packs + col_pack);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t row = row0 + u * kRowThreads;
-        if (row < args.rows) {
-          float xs[kVec], gs[kVec];
-          unpack(x_pack[u], xs);
-          unpack(g_pack[u], gs);
-          P out;
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) {
-            const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(xs[e] + bias[e], gs[e]);
-            out.elem[e] = from_float<T>(value);
-            bias_grad[e] += value;  // fp32, before rounding to T
-          }
-          store_pack<T, kVec>(dst, row * dst_row_packs + col_pack, out);
-        }
-      }
-    }
+    ptx::cp_async_wait<0>();  // nothing in flight into the bytes the sums reuse
   }
+  __syncthreads();  // every thread is done with the ring
 
-  if constexpr (kStages > 0) {
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    __syncthreads();  // every thread is done with the ring before the sums overwrite it
-  }
-  auto smem = reinterpret_cast<float (*)[kCols + 1]>(smem_raw);
+  auto sums = reinterpret_cast<float(*)[kCols + 1]>(smem);
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) smem[ty][tx * kVec + e] = bias_grad[e];
+  for (int e = 0; e < kVec; ++e) sums[ty][tx * kVec + e] = bias_grad[e];
   __syncthreads();  // every row thread's sums are in shared memory
   const int col = threadIdx.x / kSlices, slice = threadIdx.x % kSlices;
   float sum = 0.0f;
 #pragma unroll
-  for (int r = slice; r < kRowThreads; r += kSlices) sum += smem[r][col];
+  for (int r = slice; r < kRowThreads; r += kSlices) sum += sums[r][col];
 #pragma unroll
   for (int offset = kSlices / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const int64_t out_col = int64_t(blockIdx.x) * kCols + col;
