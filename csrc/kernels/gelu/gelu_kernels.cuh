@@ -25,8 +25,8 @@
 // bias_grad_reduce_kernel<T>: grad_bias[c] = Σ_g partial[g, c], 32 columns × 8 slices of g per
 //   block, then a shared-memory sum over the slices. Deterministic (no atomics).
 // bias_gelu_bwd_one_pass_kernel<T, kVec>: the backward for few rows in one launch (BiasBwdOnePass
-//   in flashext/gelu.h): a block per narrow column strip walks every row and writes grad_bias
-//   itself. Deterministic as well.
+//   in flashext/gelu.h): a block per narrow column strip walks every row (each thread's rows
+//   streamed through a 2-slot cp.async ring) and writes grad_bias itself. Deterministic as well.
 #pragma once
 
 #include <cuda_runtime.h>
