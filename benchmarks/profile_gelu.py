@@ -1,6 +1,6 @@
 """One call of each bias + GeLU kernel (forward, backward) at the benchmark's shapes, for Nsight
-Compute to time kernel by kernel (the backward is two launches: the rows pass and the bias-gradient
-reduction).
+Compute to time kernel by kernel (the backward is one launch up to 1024 rows, else two: the rows
+pass and the bias-gradient reduction).
 
     ncu --clock-control none -k regex:gelu --section SpeedOfLight python benchmarks/profile_gelu.py
 

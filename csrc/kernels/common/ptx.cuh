@@ -24,9 +24,11 @@ FX_DEVICE void cp_async_16(uint32_t dst_smem, const void* src_global, int src_by
 // PTX ISA §9.7.9.25.3.2 cp.async.commit_group / §9.7.9.25.3.3 cp.async.wait_group.
 FX_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
+// The "memory" clobber keeps the compiler from moving shared-memory reads of the landed data
+// above the wait.
 template <int kPending>
 FX_DEVICE void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // PTX ISA §9.7.9.15 ldmatrix: four 8×8 b16 matrices from shared memory; lane l supplies the row

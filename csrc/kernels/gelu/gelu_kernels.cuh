@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
       ptx::cp_async_commit();
     }
     for (int64_t k = 0; k < my_rows; ++k) {
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");  // row k has landed
+      ptx::cp_async_wait<kStages - 1>();  // row k has landed
       const int slot = int(k % kStages);
       float xs[kVec], gs[kVec];
       unpack(ring[slot][0][threadIdx.x], xs);
