@@ -7,7 +7,8 @@ Sections
             kernel, eager F.gelu(x + y), torch.compile; GB/s counting 3 tensors moved
   add_bwd   grad · gelu'(x + y): flashext and twin (4 tensors: grad, x, y → grad_in) against
             eager aten.gelu_backward(grad, z) with z = x + y saved (3 tensors)
-  bias      gelu(x + b) at 8192×16384 and 256×16384: flashext, twin, eager, torch.compile
+  bias      gelu(x + b) at 8192×16384 and 256×16384: flashext, twin, eager, torch.compile; also
+            torch.neg(x) ("neg_1r1w": no math, one read per write as the forward, the same bytes)
   bias_bwd  (grad_x, grad_b): flashext and twin (3 tensors) against eager gelu_backward + sum(0);
             also torch.add(grad, x) ("add_2r1w": the backward's 2 reads per write, the same bytes)
   graph     80 × (Linear 1024→1024 + bias GeLU) on an 8×1024 fp16 input: eager against CUDA-graph
@@ -23,6 +24,7 @@ start and the end. Writes gelu.json and gelu.png.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -102,6 +104,9 @@ def section_add_bwd(sizes, rows):
 
 
 BIAS_SHAPES = [(8192, 16384), (256, 16384)]
+# FLASHEXT_BENCH_BIAS_ROWS="256" keeps only the bias shapes with those row counts (A/B runs).
+if os.environ.get("FLASHEXT_BENCH_BIAS_ROWS"):
+    BIAS_SHAPES = [s for s in BIAS_SHAPES if str(s[0]) in os.environ["FLASHEXT_BENCH_BIAS_ROWS"].split(",")]
 
 
 def section_bias(rows, compiled, backward):
@@ -121,6 +126,10 @@ def section_bias(rows, compiled, backward):
                 nbytes = 2 * m * n * es + n * es
                 row = {"section": "bias", "dtype": dname, "rows": m, "cols": n, "bytes": nbytes}
                 valid = {name: validated(f"bias {dname} {m}x{n} {name}", fn, want, base) for name, fn in impls.items()}
+                # The zero-math kernel with the forward's mix (one read per write), in torch's own
+                # elementwise code rather than the copy engine's kernel.
+                neg_out = torch.empty_like(x)
+                extras = {"neg_1r1w": lambda: torch.neg(x, out=neg_out)}
             else:
                 g = torch.randn(m, n, device="cuda").to(dtype)
                 z = x + b
@@ -146,9 +155,10 @@ def section_bias(rows, compiled, backward):
                 # torch.add with the backward's mix shows what that costs where the call is short.
                 mix = torch.empty_like(g)
                 extras = {"add_2r1w": lambda: torch.add(g, x, out=mix)}
-            timed_paired(row, impls, {name: nbytes for name in impls}, valid, dtype, extras if backward else None)
+            timed_paired(row, impls, {name: nbytes for name in impls}, valid, dtype, extras)
             rows.append(row)
-            print_row(row, [k for k in ("flashext", "triton_twin", "eager", "torch_compile", "copy", "add_2r1w") if k in row])
+            print_row(row, [k for k in ("flashext", "triton_twin", "eager", "torch_compile", "copy", "neg_1r1w", "add_2r1w")
+                            if k in row])
 
 
 def section_graph(rows, layers=80, batch=8, width=1024):
@@ -291,6 +301,8 @@ def summarize(payload):
         parts = [f"{ours / ceiling:.2f} of ceiling", f"{ours / row['copy']['gbps']:.2f} of same-size copy"]
         if "add_2r1w" in row:
             parts.append(f"{ours / row['add_2r1w']['gbps']:.2f} of a 2-read 1-write add")
+        if "neg_1r1w" in row:
+            parts.append(f"{ours / row['neg_1r1w']['gbps']:.2f} of a 1-read 1-write neg")
         for anchor in ("triton_twin", "seed_triton", "eager", "torch_compile"):
             if anchor in row:
                 parts.append(f"{row[anchor]['ms'] / row['flashext']['ms']:.2f}x {anchor}")

@@ -23,18 +23,26 @@ kInvSqrt2Pi = tl.constexpr(0.39894228040143268)  # 1/√(2π)
 kSqrt2OverPi = tl.constexpr(0.79788456080286536)  # √(2/π)
 kGeluTanhCubic = tl.constexpr(0.044715)
 
-# Φ and φ from one exponential and one reciprocal for 16-bit results (normal_parts in
-# csrc/kernels/common/gelu_math.h, FLASHEXT_GELU_FAST_PHI there): on, as on the CUDA side (False:
-# erf, as fp32 results use). Mills-ratio fits M(x) ≈ t·P(t), t = 1/(1 + p·x), coefficients include 1/√(2π).
+# Φ from one exponential and one reciprocal for 16-bit results (gelu_erf_16 and gelu_erf_16_grad
+# in csrc/kernels/common/gelu_math.h, FLASHEXT_GELU_FAST_PHI there): on, as on the CUDA side (False:
+# erf, as fp32 results use). Mills-ratio fits M(x) ≈ t·P(t), t = 1/(1 + p·x), coefficients include
+# 1/√(2π): the forward's of degree 5 for fp16 results and 4 for bf16, the backward's of degree 7.
+# The kernels' FAST_PHI: 0 erf, 1 fp16 results, 2 bf16 results.
 FAST_PHI_16BIT = True
 kNegHalfLog2e = tl.constexpr(-0.72134752044448170)
-kMillsP = tl.constexpr(0.31)
-kMills0 = tl.constexpr(0.123860545)
-kMills1 = tl.constexpr(0.120441549)
-kMills2 = tl.constexpr(0.133433104)
-kMills3 = tl.constexpr(0.0157319549)
-kMills4 = tl.constexpr(0.180466294)
-kMills5 = tl.constexpr(-0.0739357993)
+kMills5P = tl.constexpr(0.31)
+kMills5_0 = tl.constexpr(0.123860545)
+kMills5_1 = tl.constexpr(0.120441549)
+kMills5_2 = tl.constexpr(0.133433104)
+kMills5_3 = tl.constexpr(0.0157319549)
+kMills5_4 = tl.constexpr(0.180466294)
+kMills5_5 = tl.constexpr(-0.0739357993)
+kMills4P = tl.constexpr(0.375)
+kMills4_0 = tl.constexpr(0.149041101)
+kMills4_1 = tl.constexpr(0.157920405)
+kMills4_2 = tl.constexpr(0.0829729810)
+kMills4_3 = tl.constexpr(0.201044664)
+kMills4_4 = tl.constexpr(-0.0909858420)
 kMills7P = tl.constexpr(0.3)
 kMills7_0 = tl.constexpr(0.119626351)
 kMills7_1 = tl.constexpr(0.120798968)
@@ -54,8 +62,8 @@ BIAS_MIN_ROWS_PER_BLOCK = 32
 
 @triton.jit
 def mills(x, P, C0, C1, C2, C3, C4, C5, C6, C7):
-    """The Mills-ratio fit t·(C0 + C1·t + … + C7·t⁷), t = 1/(1 + P·x) (degree 5: C6 = C7 = 0, which
-    leaves the value unchanged: the first two steps are exact)."""
+    """The Mills-ratio fit t·(C0 + C1·t + … + C7·t⁷), t = 1/(1 + P·x) (lower degrees: the top
+    coefficients 0, which leaves the value unchanged: those first steps are exact)."""
     t = 1.0 / (P * x + 1.0)
     poly = C7 * t + C6
     poly = poly * t + C5
@@ -68,25 +76,20 @@ def mills(x, P, C0, C1, C2, C3, C4, C5, C6, C7):
 
 
 @triton.jit
-def normal_parts(z):
-    """(Φ(z), φ(z)): the upper tail Q(|z|) = φ(|z|)·M(|z|) with the Mills ratio M fitted as t·P(t),
-    P of degree 5 (the forward; the backward's degree-7 fit is in gelu_grad)."""
-    x = tl.abs(z)
-    m = mills(x, kMillsP, kMills0, kMills1, kMills2, kMills3, kMills4, kMills5, 0.0, 0.0)
-    e = tl.math.exp2(z * (z * kNegHalfLog2e))  # e^{−z²/2} = √(2π)·φ(z)
-    tail = e * m
-    return tl.where(z >= 0.0, 1.0 - tail, tail), kInvSqrt2Pi * e
-
-
-@triton.jit
 def gelu(z, TANH: tl.constexpr, FAST_PHI: tl.constexpr):
     if TANH:
         u = kSqrt2OverPi * (z + kGeluTanhCubic * z * z * z)
         one_plus_t, sech2 = tanh_parts(u)
         return 0.5 * z * one_plus_t
     elif FAST_PHI:
-        cdf, pdf = normal_parts(z)
-        return z * cdf
+        # Φ(z) = |s − Q(|z|)|, s = 1 for z ≥ 0 and 0 below, Q(x) = e^{−x²/2}·M(x)/√(2π)
+        x = tl.abs(z)
+        if FAST_PHI == 2:
+            m = mills(x, kMills4P, kMills4_0, kMills4_1, kMills4_2, kMills4_3, kMills4_4, 0.0, 0.0, 0.0)
+        else:
+            m = mills(x, kMills5P, kMills5_0, kMills5_1, kMills5_2, kMills5_3, kMills5_4, kMills5_5, 0.0, 0.0)
+        e = tl.math.exp2(z * (z * kNegHalfLog2e))  # e^{−z²/2}
+        return z * tl.abs(tl.where(z >= 0.0, 1.0, 0.0) - e * m)
     else:
         return 0.5 * z * (1.0 + tl.math.erf(z * kSqrt1_2))
 
@@ -183,8 +186,11 @@ def bias_grad_reduce_kernel(partial_ptr, grad_bias_ptr, num_groups, cols,
 # ---- launchers (the CUDA launch code's planning, simplified) --------------------------------
 
 
-def _fast_phi(x: Tensor) -> bool:
-    return FAST_PHI_16BIT and x.dtype in (torch.float16, torch.bfloat16)
+def _fast_phi(x: Tensor) -> int:
+    """The kernels' FAST_PHI: 0 erf (fp32 results, or FAST_PHI_16BIT off), 1 fp16, 2 bf16."""
+    if not FAST_PHI_16BIT:
+        return 0
+    return {torch.float16: 1, torch.bfloat16: 2}.get(x.dtype, 0)
 
 
 def _tanh(approximate: str) -> bool:

@@ -65,22 +65,24 @@ FX_HOST_DEVICE TanhParts tanh_parts(float u) {
 
 FX_HOST_DEVICE float gelu_erf(float z) { return 0.5f * z * (1.0f + erff(z * kSqrt1_2)); }
 
-// Φ(z) and φ(z) from one exponential and one reciprocal, for results rounded to 16 bits (erff
-// costs about twice the instructions; the 16-bit bias kernels are issue-bound on it, docs/notes/
-// gelu.md). With x = |z|, the upper tail Q(x) = 1 − Φ(x) = φ(x)·M(x), M the Mills ratio, fitted as
-//   M(x) ≈ t·P(t),  t = 1 / (1 + 0.31·x),  P of degree 5
-// (iteratively reweighted least squares in float64 on x ∈ [0, 13.5]): relative error ≤ 5e-6 in
-// Q — also deep in the left tail, where Φ(z) = Q(|z|) is tiny — and ≤ 6.4e-6 evaluated in fp32,
-// 75× below half an ulp of fp16. The coefficients below include φ's 1/√(2π). Past |z| ≈ 13.2 the
-// device's ex2 flushes φ to zero: Φ(z) = 0 (true value < 1e-38) and 1.
-constexpr float kMillsP = 0.31f;
-constexpr float kMills0 = 0.123860545f, kMills1 = 0.120441549f, kMills2 = 0.133433104f;
-constexpr float kMills3 = 0.0157319549f, kMills4 = 0.180466294f, kMills5 = -0.0739357993f;
-
-struct NormalParts {
-  float cdf;  // Φ(z)
-  float pdf;  // φ(z)
-};
+// Φ(z) from one exponential and one reciprocal, for results rounded to 16 bits (erff costs about
+// twice the instructions; the 16-bit bias kernels are issue-bound on it, docs/notes/gelu.md). With
+// x = |z|, the upper tail Q(x) = 1 − Φ(x) = φ(x)·M(x), M the Mills ratio, fitted as
+//   M(x) ≈ t·P(t),  t = 1 / (1 + p·x)
+// (iteratively reweighted least squares in float64 on x ∈ [0, 13.5]), with a relative error in Q
+// that holds deep in the left tail too, where Φ(z) = Q(|z|) is tiny:
+// - fp16 results: P of degree 5, p = 0.31, ≤ 5e-6 (6.4e-6 evaluated in fp32), 75× below half an
+//   ulp of fp16;
+// - bf16 results: P of degree 4, p = 0.375, ≤ 2.9e-5, 60× below half an ulp of bf16 — one fused
+//   multiply-add less per element (with degree 4, fp16 misses correct rounding 4× as often).
+// The coefficients include φ's 1/√(2π). Past |z| ≈ 13.2 the device's ex2 flushes φ to zero:
+// Φ(z) = 0 (true value < 1e-38) and 1.
+constexpr float kMills5P = 0.31f;
+constexpr float kMills5_0 = 0.123860545f, kMills5_1 = 0.120441549f, kMills5_2 = 0.133433104f;
+constexpr float kMills5_3 = 0.0157319549f, kMills5_4 = 0.180466294f, kMills5_5 = -0.0739357993f;
+constexpr float kMills4P = 0.375f;
+constexpr float kMills4_0 = 0.149041101f, kMills4_1 = 0.157920405f, kMills4_2 = 0.0829729810f;
+constexpr float kMills4_3 = 0.201044664f, kMills4_4 = -0.0909858420f;
 
 // c0 + t·(c1 + t·(c2 + …)) as a chain of fused multiply-adds.
 FX_HOST_DEVICE float horner(float, float c0) { return c0; }
@@ -95,13 +97,17 @@ constexpr float kNegHalfLog2e = -0.72134752044448170f;  // −½·log2 e
 // e^{−z²/2} = √(2π)·φ(z): one MUFU.EX2 on the device (flushes to zero past |z| ≈ 13.2).
 FX_HOST_DEVICE float gauss_exp(float z) { return fast_exp2(z * (z * kNegHalfLog2e)); }
 
-// Φ(z) and φ(z): Q(|z|) = e^{−z²/2}·M(|z|)/√(2π), the degree-5 fit.
-FX_HOST_DEVICE NormalParts normal_parts(float z) {
-  const float t = fast_rcp(fmaf(kMillsP, fabsf(z), 1.0f));
-  const float mills = t * horner(t, kMills0, kMills1, kMills2, kMills3, kMills4, kMills5);
-  const float e = gauss_exp(z);
-  const float tail = e * mills;  // Q(|z|)
-  return {z >= 0.0f ? 1.0f - tail : tail, kInvSqrt2Pi * e};
+// M(x)/√(2π) from the degree-5 fit (fp16 results) or the degree-4 fit (bf16), x ≥ 0:
+// Q(x) = gauss_exp(x)·mills<…>(x).
+template <bool kBf16>
+FX_HOST_DEVICE float mills(float x) {
+  if constexpr (kBf16) {
+    const float t = fast_rcp(fmaf(kMills4P, x, 1.0f));
+    return t * horner(t, kMills4_0, kMills4_1, kMills4_2, kMills4_3, kMills4_4);
+  } else {
+    const float t = fast_rcp(fmaf(kMills5P, x, 1.0f));
+    return t * horner(t, kMills5_0, kMills5_1, kMills5_2, kMills5_3, kMills5_4, kMills5_5);
+  }
 }
 
 // The same with P of degree 7 on t = 1/(1 + 0.3·x): relative error 1.3e-7 on the fit, so Φ's
@@ -121,7 +127,15 @@ FX_HOST_DEVICE float mills_precise(float x) {
 // Exact GeLU and its derivative without erff: for 16-bit results only. The derivative needs the
 // degree-7 fit: Φ(z) + z·φ(z) cancels near z = −0.75, where the degree-5 fit's absolute error of
 // ~1e-6 is a few fp16 steps of the result. One exponential serves Φ and φ.
-FX_HOST_DEVICE float gelu_erf_16(float z) { return z * normal_parts(z).cdf; }
+//
+// Φ(z) = |s − Q(|z|)| with s = 1 for z ≥ 0 and 0 below (Q ≤ ½): one FSET for s and one fused
+// multiply-add, where 1 − Q or Q chosen by a compare and a select took four instructions with the
+// product. gelu(+inf) = inf and gelu(−inf) = −inf·0 = NaN, as in PyTorch.
+template <bool kBf16>
+FX_HOST_DEVICE float gelu_erf_16(float z) {
+  const float s = z >= 0.0f ? 1.0f : 0.0f;
+  return z * fabsf(fmaf(-gauss_exp(z), mills<kBf16>(fabsf(z)), s));
+}
 
 // With x = |z| and e = e^{−z²/2}: Φ(z) + z·φ(z) = 1 − w for z ≥ 0 and w for z < 0, where
 // w = Q(x) − x·φ(x) = e·(M(x) − x)/√(2π): one fused multiply-add and one product after the fit,

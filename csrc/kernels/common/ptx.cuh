@@ -21,6 +21,20 @@ FX_DEVICE void cp_async_16(uint32_t dst_smem, const void* src_global, int src_by
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_smem), "l"(src_global), "r"(src_bytes));
 }
 
+// The same with an L2 cache policy (.L2::cache_hint), e.g. l2_evict_first_policy's.
+FX_DEVICE void cp_async_16_policy(uint32_t dst_smem, const void* src_global, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst_smem), "l"(src_global),
+               "l"(policy));
+}
+
+// PTX ISA createpolicy (fractional, 1.0): an L2 policy that evicts the lines it brings in first, for data
+// read once (their lines, clean, go before the dirty lines of whatever ran before).
+FX_DEVICE uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
 // PTX ISA §9.7.9.25.3.2 cp.async.commit_group / §9.7.9.25.3.3 cp.async.wait_group.
 FX_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 

@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "../common/gelu_math.h"
 #include "../common/macros.h"
@@ -88,7 +89,7 @@ FX_DEVICE float gelu_epilogue(float z, float g) {
   if constexpr (kBackward) {
     return g * (kTanh ? gelu_tanh_grad(z) : kFastPhi ? gelu_erf_16_grad(z) : gelu_erf_grad(z));
   } else {
-    return kTanh ? gelu_tanh(z) : kFastPhi ? gelu_erf_16(z) : gelu_erf(z);
+    return kTanh ? gelu_tanh(z) : kFastPhi ? gelu_erf_16<std::is_same_v<T, __nv_bfloat16>>(z) : gelu_erf(z);
   }
 }
 
@@ -266,6 +267,8 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // - rows in flight with 8 column threads, A/Bs at 3e06f99 and 5593c42: one row through registers
 //   0.84 / 0.84 / 0.84 (three runs); two through registers (64 registers) 0.82-0.83 / 0.81 / 0.82;
 //   a ring of 2 slots 0.86-0.87 / 0.86 / 0.86 (three runs), of 3 slots 0.83 / 0.81 / 0.82.
+// - the ring's reads with an L2 evict-first policy (A/B at 6c2a763+, two paired runs): 0.89 / 0.89-0.90
+//   / 0.90 against 0.87 / 0.88 / 0.89-0.90 (0.90-0.93 of a same-mix torch.add against 0.89-0.91).
 //   FLASHEXT_GELU_ONE_PASS_STAGES (1-3) sets the slots for A/B runs.
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
 #define FLASHEXT_GELU_ONE_PASS_STAGES 2
@@ -301,12 +304,13 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
     const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
     unpack(bias_pack, bias);
     const int64_t my_rows = args.rows > ty ? (args.rows - ty + kRowThreads - 1) / kRowThreads : 0;
+    const uint64_t policy = ptx::l2_evict_first_policy();  // x and grad_out are read once
     // Only this thread fills and reads its slots, so cp.async.wait_group orders them: no barrier.
     const auto issue = [&](int64_t k) {  // row k of this thread into its slot
       const int64_t row = ty + k * kRowThreads;
       const int slot = int(k % kStages);
-      ptx::cp_async_16(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, 16);
-      ptx::cp_async_16(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, 16);
+      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, policy);
+      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, policy);
     };
 #pragma unroll
     for (int k = 0; k < kStages; ++k) {  // one group per slot, empty past the last row
