@@ -194,6 +194,18 @@ TEST(BiasGeluPlan, CoversEveryRowAndColumnOnce) {
   }
 }
 
+TEST(BiasGeluPlan, OneWaveForwardsTakeTheRing) {
+  // 256 x 16384 16-bit (bench_gelu's small shape): 64 x 8 = 512 blocks, one wave at 4 per SM
+  const flashext::RowColPlan few = flashext::plan_bias_gelu(256, 16384, 8, INT64_MAX, 4);
+  EXPECT_EQ(few.grid_x * few.grid_y, 512);
+  EXPECT_TRUE(flashext::bias_gelu_fwd_ring(few, 132));
+  EXPECT_FALSE(flashext::bias_gelu_fwd_ring(few, 100));  // two waves on a smaller GPU
+  const flashext::RowColPlan many = flashext::plan_bias_gelu(8192, 16384, 8, INT64_MAX, 4);
+  EXPECT_FALSE(flashext::bias_gelu_fwd_ring(many, 132));
+  const flashext::RowColPlan scalar = flashext::plan_bias_gelu(256, 16383, 1, INT64_MAX, 4);  // unaligned: no 16-byte packs
+  EXPECT_FALSE(flashext::bias_gelu_fwd_ring(scalar, 132));
+}
+
 TEST(BiasGeluPlan, FewRowsOfWideColumnsTakeOnePass) {
   if (!flashext::bias_gelu_bwd_one_pass_enabled()) GTEST_SKIP() << "built with FLASHEXT_GELU_BIAS_BWD_ONE_PASS=0";
   // 256 x 16384 (bench_gelu's small shape): 256 strips of 64 columns (16-bit), 512 of 32 (fp32)

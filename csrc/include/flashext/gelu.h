@@ -85,6 +85,15 @@ struct RowColPlan {
 
 RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_groups, int row_unroll);
 
+// Whether the 16-bit forward streams its rows through the cp.async ring (bias_gelu_kernel's kRing):
+// a vectorized plan whose grid fits in one wave of kBiasFwdBlocksPerSm blocks per SM. There every
+// row is requested up front and a warp computes each row as it lands (measured at 256 × 16384:
+// 0.89 → 0.97-1.00 of a same-bytes copy); with the rows in registers a warp waited for its last
+// row. Over many waves (8192 × 16384) the register kernel is faster (0.94 of the ceiling against
+// the ring's 0.87-0.91), so it keeps that case.
+constexpr int kBiasFwdBlocksPerSm = 4;
+bool bias_gelu_fwd_ring(const RowColPlan& plan, int sm_count);
+
 // 16 bytes when the pointers (all 16-byte aligned), cols and the row stride allow it, else 1.
 int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int64_t x_row_stride,
                         DType dtype);

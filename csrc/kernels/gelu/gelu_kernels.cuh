@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "../common/device.h"
 #include "../common/gelu_math.h"
 #include "../common/macros.h"
 #include "../common/ptx.cuh"
@@ -149,19 +150,19 @@ template <typename T, bool kBackward>
 constexpr int kRowColMinBlocks = kBackward || kBiasRowUnroll<T, kBackward> >= 4 ? 4
                                  : sizeof(T) == 2 && kBiasRowUnroll<T, kBackward> == 2 ? 5 : 6;
 
-// The 16-bit forward streams each thread's rows through a private ring of kRowUnroll shared-memory
-// slots filled by cp.async, one commit group per row, so row k is computed as soon as rows 0 … k
-// have landed. Loaded into registers, the rows' four loads shared one scoreboard, and a warp waited
-// for its last row before computing its first: in a one-wave grid (256 × 16384) the math then
-// bunched up after the last bytes arrived. A/B at e9def82 (256 × 16384, of a same-bytes copy, two
-// paired runs): fp16 0.89 → 0.98, bf16 0.89-0.90 → 1.00; 2 slots (rows streamed) 0.97 / 0.94. fp32
-// (two rows, memory-bound) measured the same either way and keeps the registers.
-template <typename T, int kVec, bool kBackward>
-constexpr bool kBiasRing = !kBackward && kVec > 1 && sizeof(T) == 2;
-
-template <typename T, int kVec, bool kBackward, bool kTanh>
+// kRing (16-bit forward, one-wave grids: bias_gelu_fwd_ring): each thread streams its rows through
+// a private ring of kRowUnroll shared-memory slots filled by cp.async, one commit group per row, so
+// row k is computed as soon as rows 0 … k have landed. Loaded into registers, a thread's four row
+// loads share one scoreboard, and a warp waits for its last row before computing its first; in a
+// one-wave grid the math then bunches up after the last bytes arrive. A/B at e9def82 (256 × 16384,
+// of a same-bytes copy, two paired runs): fp16 0.89 → 0.98, bf16 0.89-0.90 → 1.00; 2 slots (rows
+// streamed) 0.97 / 0.94. Over many waves the register path is faster (8192 × 16384 with the ring:
+// 0.87 / 0.91 of the ceiling, against 0.94 / 0.94), and fp32 (two rows, memory-bound) measured the
+// same either way.
+template <typename T, int kVec, bool kBackward, bool kTanh, bool kRing = false>
 __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThreads, kRowColMinBlocks<T, kBackward>)
     bias_gelu_kernel(const RowColArgs args) {
+  static_assert(!kRing || (!kBackward && kVec > 1), "the ring is the vectorized forward's");
   constexpr int kColThreads = RowColPlan::kColThreads;
   constexpr int kRowThreads = RowColPlan::kRowThreads;
   constexpr int kRowUnroll = kBiasRowUnroll<T, kBackward>;
@@ -187,7 +188,7 @@ __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThrea
 #pragma unroll
   for (int i = 0; i < kVec; ++i) bias_grad[i] = 0.0f;
 
-  if constexpr (kBiasRing<T, kVec, kBackward>) {
+  if constexpr (kRing) {
     constexpr int kThreads = kColThreads * kRowThreads;
     __shared__ alignas(16) P ring[kRowUnroll][kThreads];
     const int tid = threadIdx.y * kColThreads + threadIdx.x;
@@ -420,6 +421,13 @@ cudaError_t launch_bias_gelu(const RowColArgs& args, const RowColPlan& plan, cud
   constexpr int kVec = kVec16<T>;
   const dim3 grid(unsigned(plan.grid_x), unsigned(plan.grid_y));
   const dim3 block(RowColPlan::kColThreads, RowColPlan::kRowThreads);
+  if constexpr (!kBackward && sizeof(T) == 2) {
+    if (plan.vec == kVec && bias_gelu_fwd_ring(plan, current_device_sm_count())) {
+      if (args.tanh_form) bias_gelu_kernel<T, kVec, false, true, true><<<grid, block, 0, stream>>>(args);
+      else bias_gelu_kernel<T, kVec, false, false, true><<<grid, block, 0, stream>>>(args);
+      return cudaGetLastError();
+    }
+  }
   if (plan.vec == kVec) {
     if (args.tanh_form) bias_gelu_kernel<T, kVec, kBackward, true><<<grid, block, 0, stream>>>(args);
     else bias_gelu_kernel<T, kVec, kBackward, false><<<grid, block, 0, stream>>>(args);

@@ -25,6 +25,10 @@ RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_g
   return plan;
 }
 
+bool bias_gelu_fwd_ring(const RowColPlan& plan, int sm_count) {
+  return plan.vec > 1 && plan.grid_x * plan.grid_y <= int64_t(kBiasFwdBlocksPerSm) * std::max(sm_count, 1);
+}
+
 int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int64_t x_row_stride,
                         DType dtype) {
   const int vec = 16 / dtype_size(dtype);
