@@ -71,7 +71,8 @@ struct BiasGeluBwdParams {
 // A block is kColThreads × kRowThreads threads: threadIdx.x walks vec-wide column packs of one
 // column segment (blockIdx.x), threadIdx.y the rows of one row group (blockIdx.y), row_unroll
 // rows in flight at a time (2 for the fp32 forward, whose one 16-byte load per thread left too
-// few bytes in flight to reach the copy rate; 1 elsewhere). The backward kernel reduces its
+// few bytes in flight to reach the copy rate; 4 for the 16-bit forward, through a cp.async ring
+// in one-wave grids (bias_gelu_fwd_ring); 1 for the backward). The backward kernel reduces its
 // block's rows in shared memory and writes one fp32 partial row per row group, which a second
 // kernel sums.
 struct RowColPlan {
