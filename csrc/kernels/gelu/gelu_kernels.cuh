@@ -77,8 +77,8 @@ struct RowColArgs {
 // dst = gelu(z) forward, g · gelu'(z) backward, for results of type T. The form is a template
 // parameter: a runtime branch kept both forms' registers live and cost the 16-bit kernels about 4%
 // (spills). With FLASHEXT_GELU_FAST_PHI the exact form of a 16-bit result goes through
-// normal_parts (one exponential and one reciprocal; the backward's φ shares the exponential)
-// instead of erff, within one rounding step of the exact value for every 16-bit z; measured on
+// gelu_erf_16 / gelu_erf_16_grad (gelu_math.h: one exponential and one reciprocal, the bf16
+// forward with a shorter fit than fp16's) instead of erff, within one rounding step of the exact value for every 16-bit z; measured on
 // the H200 at 2f9688e: bias + GeLU 16-bit 0.60 -> 0.79 of copy, its backward 0.73 -> 0.93
 // (docs/notes/gelu.md). -DFLASHEXT_GELU_FAST_PHI=0 restores erff for A/B runs.
 #ifndef FLASHEXT_GELU_FAST_PHI
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // - rows in flight with 8 column threads, A/Bs at 3e06f99 and 5593c42: one row through registers
 //   0.84 / 0.84 / 0.84 (three runs); two through registers (64 registers) 0.82-0.83 / 0.81 / 0.82;
 //   a ring of 2 slots 0.86-0.87 / 0.86 / 0.86 (three runs), of 3 slots 0.83 / 0.81 / 0.82.
-// - the ring's reads with an L2 evict-first policy (A/B at 6c2a763+, two paired runs): 0.89 / 0.89-0.90
+// - the ring's reads with an L2 evict-first policy (A/B at e9def82, two paired runs): 0.89 / 0.89-0.90
 //   / 0.90 against 0.87 / 0.88 / 0.89-0.90 (0.90-0.93 of a same-mix torch.add against 0.89-0.91).
 //   FLASHEXT_GELU_ONE_PASS_STAGES (1-3) sets the slots for A/B runs.
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
