@@ -50,6 +50,24 @@ constexpr int kFlatThreads = 256;
 template <bool kBackward>
 constexpr int kFlatMinBlocks = kBackward ? 6 : 8;
 
+// A thread's private ring of kStages shared-memory slots, filled by cp.async with one commit group
+// per row, as the few-rows kernels below stream their rows (row k in slot k % kStages): only the
+// thread fills and reads its slots, so cp.async.wait_group<kStages − 1> before reading row k orders
+// them, with no barrier. issue(k) copies the thread's row k into its slot.
+//
+// Rows 0 … kStages − 1 in flight: one group per slot, empty past the thread's last row, so the
+// group count stays kStages ahead. After computing row k, the kernel refills its slot with row
+// k + kStages (or commits an empty group), behind a compiler barrier that keeps the slot's reads
+// above the copy that overwrites it.
+template <int kStages, typename Issue>
+FX_DEVICE void ring_prologue(int64_t rows, Issue&& issue) {
+#pragma unroll
+  for (int k = 0; k < kStages; ++k) {
+    if (k < rows) issue(k);
+    ptx::cp_async_commit();
+  }
+}
+
 // What one flat launch reads and writes; grad_out is null in the forward pass.
 struct FlatArgs {
   const void* grad_out;
@@ -199,12 +217,7 @@ __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThrea
         const int64_t row = row_begin + threadIdx.y + k * kRowThreads;
         ptx::cp_async_16(ptx::smem_addr(&ring[k % kRowUnroll][tid]), x + (row * x_row_packs + col_pack) * kVec, 16);
       };
-#pragma unroll
-      for (int k = 0; k < kRowUnroll; ++k) {  // one group per slot, empty past the last row
-        if (k < my_rows) issue(k);
-        ptx::cp_async_commit();
-      }
-      // Only this thread fills and reads its slots, so cp.async.wait_group orders them: no barrier.
+      ring_prologue<kRowUnroll>(my_rows, issue);
       for (int64_t k = 0; k < my_rows; ++k) {
         ptx::cp_async_wait<kRowUnroll - 1>();  // row k has landed
         float xs[kVec];
@@ -348,18 +361,13 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
     unpack(bias_pack, bias);
     const int64_t my_rows = args.rows > ty ? (args.rows - ty + kRowThreads - 1) / kRowThreads : 0;
     const uint64_t policy = ptx::l2_evict_first_policy();  // x and grad_out are read once
-    // Only this thread fills and reads its slots, so cp.async.wait_group orders them: no barrier.
     const auto issue = [&](int64_t k) {  // row k of this thread into its slot
       const int64_t row = ty + k * kRowThreads;
       const int slot = int(k % kStages);
       ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, policy);
       ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, policy);
     };
-#pragma unroll
-    for (int k = 0; k < kStages; ++k) {  // one group per slot, empty past the last row
-      if (k < my_rows) issue(k);
-      ptx::cp_async_commit();
-    }
+    ring_prologue<kStages>(my_rows, issue);
     for (int64_t k = 0; k < my_rows; ++k) {
       ptx::cp_async_wait<kStages - 1>();  // row k has landed
       const int slot = int(k % kStages);
@@ -373,8 +381,7 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
         out.elem[e] = from_float<T>(value);
         bias_grad[e] += value;  // fp32, before rounding to T
       }
-      // out depends on the slot's values, so they have been read: refill it.
-      asm volatile("" ::: "memory");
+      asm volatile("" ::: "memory");  // out depends on the slot's values, so they have been read: refill it
       if (k + kStages < my_rows) issue(k + kStages);
       ptx::cp_async_commit();
       store_pack<T, kVec>(dst, (ty + k * kRowThreads) * dst_row_packs + col_pack, out);
