@@ -35,8 +35,11 @@ cudaError_t run_bias_gelu_bwd(const BiasGeluBwdParams& p, cudaStream_t stream) {
     return dispatch_dtype(p.dtype, [&](auto type_tag) {
       using T = decltype(type_tag);
       const dim3 grid(unsigned(ceil_div(p.cols, int64_t(kVec16<T>) * BiasBwdOnePass::kColThreads)));
-      if (args.tanh_form) bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, true><<<grid, kThreads, 0, stream>>>(args);
-      else bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, false><<<grid, kThreads, 0, stream>>>(args);
+      constexpr size_t kSmem = one_pass_smem_bytes<T, kVec16<T>>();
+      const auto kernel = args.tanh_form ? bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, true>
+                                         : bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, false>;
+      FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, kSmem));
+      kernel<<<grid, kThreads, kSmem, stream>>>(args);
       return cudaGetLastError();
     });
   }

@@ -329,6 +329,30 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
 #define FLASHEXT_GELU_ONE_PASS_STAGES 2
 #endif
+// Lets kernel take `bytes` of dynamic shared memory (past the default 48 KiB only when asked).
+// FLASHEXT_GELU_ONE_PASS_CARVEOUT (percent, A/B only) sets its preferred shared-memory carveout.
+#ifndef FLASHEXT_GELU_ONE_PASS_CARVEOUT
+#define FLASHEXT_GELU_ONE_PASS_CARVEOUT -1
+#endif
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (FLASHEXT_GELU_ONE_PASS_CARVEOUT >= 0) {
+    FX_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            FLASHEXT_GELU_ONE_PASS_CARVEOUT));
+  }
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+}
+
+// Dynamic shared memory of the one-pass kernel: the ring, or the reduction's sums once it is done.
+template <typename T, int kVec>
+constexpr size_t one_pass_smem_bytes() {
+  constexpr int kThreads = BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads;
+  constexpr size_t kRingBytes = sizeof(Pack<T, kVec>) * 2 * FLASHEXT_GELU_ONE_PASS_STAGES * kThreads;
+  constexpr size_t kSumBytes = sizeof(float) * BiasBwdOnePass::kRowThreads * (BiasBwdOnePass::kColThreads * kVec + 1);
+  return kRingBytes > kSumBytes ? kRingBytes : kSumBytes;
+}
+
 template <typename T, int kVec, bool kTanh>
 __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads,
                                   1024 / (BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads))
@@ -337,7 +361,7 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
   constexpr int kThreads = kColThreads * kRowThreads, kStages = FLASHEXT_GELU_ONE_PASS_STAGES;
   constexpr int kCols = kColThreads * kVec, kSlices = kThreads / kCols;
   static_assert(kVec > 1 && kSlices <= 32 && kRowThreads % kSlices == 0, "one lane group per column");
-  static_assert(kStages >= 1 && kStages <= 3, "the ring is 16 KiB per slot; static shared memory stops at 48 KiB");
+  static_assert(kStages >= 1 && kStages <= 6, "the ring is 16 KiB per slot, two blocks per SM");
   using P = Pack<T, kVec>;
   const T* x = static_cast<const T*>(args.x);
   const T* grad_out = static_cast<const T*>(args.grad_out);
@@ -347,10 +371,9 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
   const bool col_valid = col_pack * kVec < args.cols;  // cols % kVec == 0
   const int64_t x_row_packs = args.x_row_stride / kVec, dst_row_packs = args.cols / kVec;
 
-  // ring[slot][0 = x, 1 = grad_out][thread], then the reduction's sums[row thread][column].
-  constexpr size_t kRingBytes = sizeof(P) * 2 * kStages * kThreads;
-  constexpr size_t kSumBytes = sizeof(float) * kRowThreads * (kCols + 1);
-  __shared__ alignas(16) unsigned char smem[kRingBytes > kSumBytes ? kRingBytes : kSumBytes];
+  // ring[slot][0 = x, 1 = grad_out][thread], then the reduction's sums[row thread][column]:
+  // one_pass_smem_bytes<T, kVec>() of dynamic shared memory.
+  extern __shared__ __align__(16) unsigned char smem[];
   auto ring = reinterpret_cast<P(*)[2][kThreads]>(smem);
 
   float bias[kVec], bias_grad[kVec];
