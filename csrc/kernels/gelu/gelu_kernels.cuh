@@ -329,12 +329,6 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
 #define FLASHEXT_GELU_ONE_PASS_STAGES 2
 #endif
-#ifndef FLASHEXT_GELU_ONE_PASS_BUMP
-#define FLASHEXT_GELU_ONE_PASS_BUMP 0
-#endif
-#ifndef FLASHEXT_GELU_ONE_PASS_EARLY_REFILL
-#define FLASHEXT_GELU_ONE_PASS_EARLY_REFILL 0
-#endif
 // Lets kernel take `bytes` of dynamic shared memory (past the default 48 KiB only when asked).
 // FLASHEXT_GELU_ONE_PASS_CARVEOUT (percent, A/B only) sets its preferred shared-memory carveout.
 #ifndef FLASHEXT_GELU_ONE_PASS_CARVEOUT
@@ -396,60 +390,6 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
       ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, policy);
       ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, policy);
     };
-#if FLASHEXT_GELU_ONE_PASS_BUMP
-    // A/B: pointers bumped by one row step per issue and per store instead of indexed per row.
-    const T* x_next = x + ((ty + 0) * x_row_packs + col_pack) * kVec;
-    const T* g_next = grad_out + ((ty + 0) * dst_row_packs + col_pack) * kVec;
-    const int64_t x_step = kRowThreads * args.x_row_stride, d_step = kRowThreads * args.cols;
-    const auto issue_next = [&](int slot) {
-      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x_next, policy);
-      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), g_next, policy);
-      x_next += x_step;
-      g_next += d_step;
-    };
-    T* d_ptr = dst + (ty * dst_row_packs + col_pack) * kVec;
-#pragma unroll
-    for (int k = 0; k < kStages; ++k) {
-      if (k < my_rows) issue_next(k);
-      ptx::cp_async_commit();
-    }
-    int slot = 0;
-    for (int64_t k = 0; k < my_rows; ++k) {
-      ptx::cp_async_wait<kStages - 1>();  // row k has landed
-      float xs[kVec], gs[kVec];
-      unpack(ring[slot][0][threadIdx.x], xs);
-      unpack(ring[slot][1][threadIdx.x], gs);
-      P out;
-#if FLASHEXT_GELU_ONE_PASS_EARLY_REFILL
-      float zs[kVec];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) zs[e] = xs[e] + bias[e];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) asm volatile("" : "+f"(zs[e]), "+f"(gs[e])::"memory");  // math after the refill
-      if (k + kStages < my_rows) issue_next(slot);
-      ptx::cp_async_commit();
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(zs[e], gs[e]);
-        out.elem[e] = from_float<T>(value);
-        bias_grad[e] += value;
-      }
-#else
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(xs[e] + bias[e], gs[e]);
-        out.elem[e] = from_float<T>(value);
-        bias_grad[e] += value;  // fp32, before rounding to T
-      }
-      asm volatile("" ::: "memory");
-      if (k + kStages < my_rows) issue_next(slot);
-      ptx::cp_async_commit();
-#endif
-      *reinterpret_cast<P*>(d_ptr) = out;
-      d_ptr += d_step;
-      slot = slot + 1 == kStages ? 0 : slot + 1;
-    }
-#else
     ring_prologue<kStages>(my_rows, issue);
     for (int64_t k = 0; k < my_rows; ++k) {
       ptx::cp_async_wait<kStages - 1>();  // row k has landed
@@ -469,7 +409,6 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
       ptx::cp_async_commit();
       store_pack<T, kVec>(dst, (ty + k * kRowThreads) * dst_row_packs + col_pack, out);
     }
-#endif
     ptx::cp_async_wait<0>();  // nothing in flight into the bytes the sums reuse
   }
   __syncthreads();  // every thread is done with the ring
