@@ -325,7 +325,9 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 //   a ring of 2 slots 0.86-0.87 / 0.86 / 0.86 (three runs), of 3 slots 0.83 / 0.81 / 0.82.
 // - the ring's reads with an L2 evict-first policy (A/B at e9def82, two paired runs): 0.89 / 0.89-0.90
 //   / 0.90 against 0.87 / 0.88 / 0.89-0.90 (0.90-0.93 of a same-mix torch.add against 0.89-0.91).
-//   FLASHEXT_GELU_ONE_PASS_STAGES (1-3) sets the slots for A/B runs.
+// - deeper rings (A/B at 115d3ae): 4 slots, every row requested up front, 0.83 / 0.83 / 0.83; with
+//   the carveout at 100% (FLASHEXT_GELU_ONE_PASS_CARVEOUT) 4 slots 0.84, 3 slots 0.84-0.86; base 0.89-0.90.
+//   FLASHEXT_GELU_ONE_PASS_STAGES (1-6) sets the slots for A/B runs.
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
 #define FLASHEXT_GELU_ONE_PASS_STAGES 2
 #endif
