@@ -41,6 +41,12 @@
 #include "../common/vec.cuh"
 #include "flashext/gelu.h"
 
+// A timeline hook for the one-pass backward (benchmarks/experiments/bias_bwd_timeline.cu defines
+// it before including this header to record when each warp reaches each point); empty otherwise.
+#ifndef FLASHEXT_GELU_TRACE
+#define FLASHEXT_GELU_TRACE(event) ((void)0)
+#endif
+
 namespace flashext {
 namespace gelu_detail {
 
@@ -365,6 +371,7 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
   static_assert(kVec > 1 && kSlices <= 32 && kRowThreads % kSlices == 0, "one lane group per column");
   static_assert(kStages >= 1 && kStages <= 6, "the ring is 16 KiB per slot, two blocks per SM");
   using P = Pack<T, kVec>;
+  FLASHEXT_GELU_TRACE(0);  // entry
   const T* x = static_cast<const T*>(args.x);
   const T* grad_out = static_cast<const T*>(args.grad_out);
   T* dst = static_cast<T*>(args.dst);
@@ -393,8 +400,10 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
       ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, policy);
     };
     ring_prologue<kStages>(my_rows, issue);
+    FLASHEXT_GELU_TRACE(1);  // rows 0 … kStages − 1 requested
     for (int64_t k = 0; k < my_rows; ++k) {
       ptx::cp_async_wait<kStages - 1>();  // row k has landed
+      FLASHEXT_GELU_TRACE(2 + k);
       const int slot = int(k % kStages);
       float xs[kVec], gs[kVec];
       unpack(ring[slot][0][threadIdx.x], xs);
@@ -413,6 +422,7 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
     }
     ptx::cp_async_wait<0>();  // nothing in flight into the bytes the sums reuse
   }
+  FLASHEXT_GELU_TRACE(6);  // rows done
   __syncthreads();  // every thread is done with the ring
 
   auto sums = reinterpret_cast<float(*)[kCols + 1]>(smem);
@@ -427,6 +437,7 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
   for (int offset = kSlices / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const int64_t out_col = int64_t(blockIdx.x) * kCols + col;
   if (slice == 0 && out_col < args.cols) static_cast<T*>(args.grad_bias)[out_col] = from_float<T>(sum);
+  FLASHEXT_GELU_TRACE(7);  // bias gradient stored
 }
 
 // ---- launch helpers -----------------------------------------------------------------------

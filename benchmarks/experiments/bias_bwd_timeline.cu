@@ -1,0 +1,183 @@
+// Timeline of the one-pass bias + GeLU backward (bias_gelu_bwd_one_pass_kernel) at rows × 16384:
+// every warp records %globaltimer (ns, one clock for the whole GPU) when it enters, when its first
+// rows are requested, when each of its rows has landed, when its rows are done and when the bias
+// gradient is stored, through the kernel's FLASHEXT_GELU_TRACE hook. Printed: each point's spread
+// over the warps (from the first warp's entry), medians over the timed launches, with the kernel's
+// event time and a same-bytes device-to-device copy's beside it. L2 is flushed (a 256 MB memset)
+// before every launch, as bench_gelu does. Standalone: CUDA runtime only.
+//
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/kernels -Icsrc/include \
+//        benchmarks/experiments/bias_bwd_timeline.cu -o /tmp/timeline && /tmp/timeline [rows] [dtype: bf16|fp32]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+constexpr int kEvents = 8;  // entry, requested, rows 0-3 landed, rows done, bias gradient stored
+constexpr int kMaxBlocks = 1024, kMaxWarps = 32;
+__device__ unsigned long long g_trace[kMaxBlocks][kMaxWarps][kEvents];
+__device__ unsigned g_smid[kMaxBlocks];
+
+__device__ __forceinline__ void trace_record(long long event) {
+  if ((threadIdx.x & 31) == 0 && event < kEvents) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    g_trace[blockIdx.x][threadIdx.x >> 5][event] = t;
+    if (event == 0 && threadIdx.x == 0) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      g_smid[blockIdx.x] = sm;
+    }
+  }
+}
+#define FLASHEXT_GELU_TRACE(event) trace_record(event)
+#include "gelu/gelu_kernels.cuh"
+
+using namespace flashext;
+using namespace flashext::gelu_detail;
+
+#define CHECK(x)                                                         \
+  do {                                                                   \
+    cudaError_t e = (x);                                                 \
+    if (e != cudaSuccess) {                                              \
+      printf("%s: %s\n", #x, cudaGetErrorString(e));                     \
+      exit(1);                                                           \
+    }                                                                    \
+  } while (0)
+
+template <typename T>
+__global__ void fill(T* p, int64_t n, unsigned seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    unsigned h = unsigned(i) * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    p[i] = T(float(h & 0xffff) / 16384.0f - 2.0f);
+  }
+}
+
+__global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+static float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0f : v[v.size() / 2];
+}
+
+template <typename T>
+int run(int64_t rows, int64_t cols) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kThreads = BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads;
+  const int64_t n = rows * cols;
+  T *x, *g, *bias, *dx, *db;
+  CHECK(cudaMalloc(&x, n * sizeof(T)));
+  CHECK(cudaMalloc(&g, n * sizeof(T)));
+  CHECK(cudaMalloc(&dx, n * sizeof(T)));
+  CHECK(cudaMalloc(&bias, cols * sizeof(T)));
+  CHECK(cudaMalloc(&db, cols * sizeof(T)));
+  fill<<<1024, 256>>>(x, n, 1u);
+  fill<<<1024, 256>>>(g, n, 2u);
+  fill<<<64, 256>>>(bias, cols, 3u);
+  const size_t copy_bytes = size_t(n) * sizeof(T) * 3 / 2;  // copy moves 2 × this: the pass's 3 tensors
+  char *src, *dst, *flush;
+  CHECK(cudaMalloc(&src, copy_bytes));
+  CHECK(cudaMalloc(&dst, copy_bytes));
+  CHECK(cudaMalloc(&flush, size_t(256) << 20));
+  CHECK(cudaMemset(src, 1, copy_bytes));
+
+  const RowColArgs args{g, x, bias, dx, nullptr, rows, cols, cols, rows, false, db};
+  const auto kernel = bias_gelu_bwd_one_pass_kernel<T, kVec, false>;
+  constexpr size_t kSmem = one_pass_smem_bytes<T, kVec>();
+  CHECK(allow_dynamic_smem(kernel, kSmem));
+  const int blocks = int((cols + kVec * BiasBwdOnePass::kColThreads - 1) / (kVec * BiasBwdOnePass::kColThreads));
+  const int warps = kThreads / 32;
+  if (blocks > kMaxBlocks || warps > kMaxWarps) {
+    printf("too many blocks or warps for the trace buffer\n");
+    return 1;
+  }
+
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  const int iters = 60, warmup = 5;
+  std::vector<float> kernel_ms, copy_ms;
+  // per event: percentiles 0, 10, 50, 90, 100 of (time − first entry), per launch
+  const float qs[] = {0.0f, 0.1f, 0.5f, 0.9f, 1.0f};
+  std::vector<std::vector<float>> pct(kEvents * 5);
+  std::vector<unsigned long long> host(size_t(kMaxBlocks) * kMaxWarps * kEvents);
+  std::vector<unsigned> smid(kMaxBlocks);
+  for (int it = 0; it < iters; ++it) {
+    for (int which = 0; which < 2; ++which) {
+      spin<<<1, 1>>>(100000);
+      CHECK(cudaMemsetAsync(flush, it & 0xff, size_t(256) << 20));
+      CHECK(cudaEventRecord(start));
+      if (which == 0) {
+        kernel<<<blocks, kThreads, kSmem>>>(args);
+      } else {
+        CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice));
+      }
+      CHECK(cudaEventRecord(stop));
+      CHECK(cudaEventSynchronize(stop));
+      float ms;
+      CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (it < warmup) continue;
+      (which == 0 ? kernel_ms : copy_ms).push_back(ms);
+      if (which != 0) continue;
+      CHECK(cudaMemcpyFromSymbol(host.data(), g_trace, host.size() * sizeof(unsigned long long)));
+      CHECK(cudaMemcpyFromSymbol(smid.data(), g_smid, smid.size() * sizeof(unsigned)));
+      unsigned long long t0 = ~0ull;
+      for (int b = 0; b < blocks; ++b)
+        for (int w = 0; w < warps; ++w) t0 = std::min(t0, host[(size_t(b) * kMaxWarps + w) * kEvents]);
+      for (int e = 0; e < kEvents; ++e) {
+        std::vector<float> v;
+        for (int b = 0; b < blocks; ++b)
+          for (int w = 0; w < warps; ++w) {
+            const unsigned long long t = host[(size_t(b) * kMaxWarps + w) * kEvents + e];
+            if (t >= t0) v.push_back(float(t - t0));
+          }
+        std::sort(v.begin(), v.end());
+        for (int q = 0; q < 5; ++q)
+          pct[e * 5 + q].push_back(v.empty() ? -1.0f : v[std::min(v.size() - 1, size_t(qs[q] * v.size()))]);
+      }
+    }
+  }
+  const double moved = double(n) * sizeof(T) * 3;
+  printf("bias_gelu_bwd_one_pass %s %lld x %lld: %d blocks x %d threads, %zu B shared memory\n",
+         sizeof(T) == 2 ? "bf16" : "fp32", (long long)rows, (long long)cols, blocks, kThreads, kSmem);
+  printf("event time (median of %d): kernel %.2f us (%.0f GB/s), same-bytes copy %.2f us (%.0f GB/s): %.3f of the copy\n",
+         int(kernel_ms.size()), 1e3 * median(kernel_ms), moved / median(kernel_ms) / 1e6, 1e3 * median(copy_ms),
+         moved / median(copy_ms) / 1e6, median(copy_ms) / median(kernel_ms));
+  const char* names[kEvents] = {"entry", "rows requested", "row 0 landed", "row 1 landed",
+                                "row 2 landed", "row 3 landed", "rows done", "bias grad stored"};
+  printf("ns after the first warp's entry, over warps (min / p10 / median / p90 / max), medians over launches:\n");
+  for (int e = 0; e < kEvents; ++e) {
+    printf("  %-17s", names[e]);
+    for (int q = 0; q < 5; ++q) printf(" %7.0f", median(pct[e * 5 + q]));
+    printf("\n");
+  }
+  std::vector<int> per_sm(1024, 0);
+  int max_sm = 0;
+  for (int b = 0; b < blocks; ++b) {
+    per_sm[smid[b]]++;
+    max_sm = std::max(max_sm, int(smid[b]));
+  }
+  int hist[8] = {};
+  for (int s = 0; s <= max_sm; ++s) hist[std::min(per_sm[s], 7)]++;
+  printf("blocks per SM (last launch): ");
+  for (int k = 0; k < 8; ++k)
+    if (hist[k]) printf("%d SMs with %d  ", hist[k], k);
+  printf("\n");
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  const int64_t rows = argc > 1 ? atoll(argv[1]) : 256;
+  const bool fp32 = argc > 2 && strcmp(argv[2], "fp32") == 0;
+  return fp32 ? run<float>(rows, 16384) : run<__nv_bfloat16>(rows, 16384);
+}
