@@ -23,7 +23,7 @@ __device__ unsigned long long g_trace[kMaxBlocks][kMaxWarps][kEvents];
 __device__ unsigned g_smid[kMaxBlocks];
 
 __device__ __forceinline__ void trace_record(long long event) {
-  if ((threadIdx.x & 31) == 0 && event < kEvents) {
+  if ((threadIdx.x & 31) == 0 && event < kEvents && blockIdx.x < kMaxBlocks && threadIdx.x < 32 * kMaxWarps) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     g_trace[blockIdx.x][threadIdx.x >> 5][event] = t;
@@ -65,6 +65,30 @@ __global__ void spin(long long cycles) {
   }
 }
 
+// The same-mix reference with the same trace points: out = a + b, one 16-byte pack of each per
+// thread (256 threads a block, as torch's elementwise kernels): entry, loads issued, landed, stored.
+template <typename T>
+__global__ void __launch_bounds__(256) add_2r1w(const T* a, const T* b, T* out, int64_t packs) {
+  using P = Pack<T, 16 / sizeof(T)>;
+  trace_record(0);
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < packs) {
+    const P va = reinterpret_cast<const P*>(a)[i];
+    const P vb = reinterpret_cast<const P*>(b)[i];
+    trace_record(1);
+    constexpr int kN = 16 / sizeof(T);
+    float fa[kN], fb[kN];
+    unpack(va, fa);
+    unpack(vb, fb);
+    P r;
+#pragma unroll
+    for (int e = 0; e < kN; ++e) r.elem[e] = from_float<T>(fa[e] + fb[e]);
+    trace_record(2);
+    reinterpret_cast<P*>(out)[i] = r;
+  }
+  trace_record(7);
+}
+
 static float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0f : v[v.size() / 2];
@@ -95,49 +119,69 @@ int run(int64_t rows, int64_t cols) {
   const auto kernel = bias_gelu_bwd_one_pass_kernel<T, kVec, false>;
   constexpr size_t kSmem = one_pass_smem_bytes<T, kVec>();
   CHECK(allow_dynamic_smem(kernel, kSmem));
-  const int blocks = int((cols + kVec * BiasBwdOnePass::kColThreads - 1) / (kVec * BiasBwdOnePass::kColThreads));
-  const int warps = kThreads / 32;
-  if (blocks > kMaxBlocks || warps > kMaxWarps) {
-    printf("too many blocks or warps for the trace buffer\n");
-    return 1;
-  }
+  void* trace_ptr;
+  CHECK(cudaGetSymbolAddress(&trace_ptr, g_trace));
 
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   const int iters = 60, warmup = 5;
-  std::vector<float> kernel_ms, copy_ms;
-  // per event: percentiles 0, 10, 50, 90, 100 of (time − first entry), per launch
   const float qs[] = {0.0f, 0.1f, 0.5f, 0.9f, 1.0f};
-  std::vector<std::vector<float>> pct(kEvents * 5);
   std::vector<unsigned long long> host(size_t(kMaxBlocks) * kMaxWarps * kEvents);
   std::vector<unsigned> smid(kMaxBlocks);
-  for (int it = 0; it < iters; ++it) {
-    for (int which = 0; which < 2; ++which) {
+  const double moved = double(n) * sizeof(T) * 3;
+  // Times `launch` (L2 flushed before each call); with trace_blocks > 0 also the spread of each
+  // trace point over the warps of trace_blocks blocks × trace_warps warps. Returns the median ms.
+  auto measure = [&](const char* name, auto&& launch, int trace_blocks, int trace_warps) {
+    std::vector<float> ms_all;
+    std::vector<std::vector<float>> pct(kEvents * 5), tails(4);
+    for (int it = 0; it < iters; ++it) {
       spin<<<1, 1>>>(100000);
       CHECK(cudaMemsetAsync(flush, it & 0xff, size_t(256) << 20));
+      if (trace_blocks > 0) CHECK(cudaMemsetAsync(trace_ptr, 0, host.size() * sizeof(unsigned long long)));
       CHECK(cudaEventRecord(start));
-      if (which == 0) {
-        kernel<<<blocks, kThreads, kSmem>>>(args);
-      } else {
-        CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice));
-      }
+      launch();
       CHECK(cudaEventRecord(stop));
       CHECK(cudaEventSynchronize(stop));
       float ms;
       CHECK(cudaEventElapsedTime(&ms, start, stop));
       if (it < warmup) continue;
-      (which == 0 ? kernel_ms : copy_ms).push_back(ms);
-      if (which != 0) continue;
+      ms_all.push_back(ms);
+      if (trace_blocks == 0) continue;
       CHECK(cudaMemcpyFromSymbol(host.data(), g_trace, host.size() * sizeof(unsigned long long)));
       CHECK(cudaMemcpyFromSymbol(smid.data(), g_smid, smid.size() * sizeof(unsigned)));
       unsigned long long t0 = ~0ull;
-      for (int b = 0; b < blocks; ++b)
-        for (int w = 0; w < warps; ++w) t0 = std::min(t0, host[(size_t(b) * kMaxWarps + w) * kEvents]);
+      for (int b = 0; b < trace_blocks; ++b)
+        for (int w = 0; w < trace_warps; ++w) {
+          const unsigned long long t = host[(size_t(b) * kMaxWarps + w) * kEvents];
+          if (t != 0) t0 = std::min(t0, t);
+        }
+      {  // per block: last landed → last rows done → last stored (the block's slowest warps)
+        std::vector<float> compute, reduce;
+        for (int b = 0; b < trace_blocks; ++b) {
+          unsigned long long landed = 0, done = 0, stored = 0;
+          for (int w = 0; w < trace_warps; ++w) {
+            const unsigned long long* t = &host[(size_t(b) * kMaxWarps + w) * kEvents];
+            for (int e = 2; e <= 5; ++e) landed = std::max(landed, t[e]);
+            done = std::max(done, t[6]);
+            stored = std::max(stored, t[7]);
+          }
+          if (done > 0 && landed > 0) compute.push_back(float(done - landed));
+          if (done > 0 && stored > 0) reduce.push_back(float(stored - done));
+        }
+        std::sort(compute.begin(), compute.end());
+        std::sort(reduce.begin(), reduce.end());
+        if (!compute.empty()) {
+          tails[0].push_back(compute[compute.size() / 2]);
+          tails[1].push_back(compute.back());
+          tails[2].push_back(reduce[reduce.size() / 2]);
+          tails[3].push_back(reduce.back());
+        }
+      }
       for (int e = 0; e < kEvents; ++e) {
         std::vector<float> v;
-        for (int b = 0; b < blocks; ++b)
-          for (int w = 0; w < warps; ++w) {
+        for (int b = 0; b < trace_blocks; ++b)
+          for (int w = 0; w < trace_warps; ++w) {
             const unsigned long long t = host[(size_t(b) * kMaxWarps + w) * kEvents + e];
             if (t >= t0) v.push_back(float(t - t0));
           }
@@ -146,21 +190,38 @@ int run(int64_t rows, int64_t cols) {
           pct[e * 5 + q].push_back(v.empty() ? -1.0f : v[std::min(v.size() - 1, size_t(qs[q] * v.size()))]);
       }
     }
-  }
-  const double moved = double(n) * sizeof(T) * 3;
-  printf("bias_gelu_bwd_one_pass %s %lld x %lld: %d blocks x %d threads, %zu B shared memory\n",
+    const float ms = median(ms_all);
+    printf("%s: event time (median of %d) %.2f us, %.0f GB/s\n", name, int(ms_all.size()), 1e3 * ms, moved / ms / 1e6);
+    if (trace_blocks > 0) {
+      const char* names[kEvents] = {"entry", "requested", "row 0 landed", "row 1 landed",
+                                    "row 2 landed", "row 3 landed", "rows done", "stored"};
+      printf("  ns after the first warp's entry (min / p10 / median / p90 / max over warps; medians over launches)\n");
+      for (int e = 0; e < kEvents; ++e) {
+        if (median(pct[e * 5 + 4]) < 0) continue;
+        printf("  %-14s", names[e]);
+        for (int q = 0; q < 5; ++q) printf(" %7.0f", median(pct[e * 5 + q]));
+        printf("\n");
+      }
+      if (!tails[0].empty())
+        printf("  per block (median / max over blocks): its last row landed → its rows done %.0f / %.0f ns, "
+               "rows done → bias gradient stored %.0f / %.0f ns\n",
+               median(tails[0]), median(tails[1]), median(tails[2]), median(tails[3]));
+    }
+    return ms;
+  };
+
+  const int blocks = int((cols + kVec * BiasBwdOnePass::kColThreads - 1) / (kVec * BiasBwdOnePass::kColThreads));
+  printf("%s %lld x %lld: one-pass backward %d blocks x %d threads, %zu B shared memory\n",
          sizeof(T) == 2 ? "bf16" : "fp32", (long long)rows, (long long)cols, blocks, kThreads, kSmem);
-  printf("event time (median of %d): kernel %.2f us (%.0f GB/s), same-bytes copy %.2f us (%.0f GB/s): %.3f of the copy\n",
-         int(kernel_ms.size()), 1e3 * median(kernel_ms), moved / median(kernel_ms) / 1e6, 1e3 * median(copy_ms),
-         moved / median(copy_ms) / 1e6, median(copy_ms) / median(kernel_ms));
-  const char* names[kEvents] = {"entry", "rows requested", "row 0 landed", "row 1 landed",
-                                "row 2 landed", "row 3 landed", "rows done", "bias grad stored"};
-  printf("ns after the first warp's entry, over warps (min / p10 / median / p90 / max), medians over launches:\n");
-  for (int e = 0; e < kEvents; ++e) {
-    printf("  %-17s", names[e]);
-    for (int q = 0; q < 5; ++q) printf(" %7.0f", median(pct[e * 5 + q]));
-    printf("\n");
-  }
+  const float copy_ms = measure("same-bytes copy", [&] { CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 0, 0);
+  const int64_t packs = n / kVec;
+  const int add_blocks = int((packs + 255) / 256);
+  const float add_ms = measure("add 2r1w (traced)", [&] { add_2r1w<T><<<add_blocks, 256>>>(x, g, dx, packs); },
+                               std::min(add_blocks, kMaxBlocks), 8);
+  const float ours_ms = measure("one-pass backward (traced)", [&] { kernel<<<blocks, kThreads, kSmem>>>(args); },
+                                blocks, kThreads / 32);
+  printf("one-pass backward: %.3f of the copy, %.3f of the add (the add: %.3f of the copy; first %d of its %d blocks traced)\n",
+         copy_ms / ours_ms, add_ms / ours_ms, copy_ms / add_ms, std::min(add_blocks, kMaxBlocks), add_blocks);
   std::vector<int> per_sm(1024, 0);
   int max_sm = 0;
   for (int b = 0; b < blocks; ++b) {
@@ -168,8 +229,8 @@ int run(int64_t rows, int64_t cols) {
     max_sm = std::max(max_sm, int(smid[b]));
   }
   int hist[8] = {};
-  for (int s = 0; s <= max_sm; ++s) hist[std::min(per_sm[s], 7)]++;
-  printf("blocks per SM (last launch): ");
+  for (int sm = 0; sm <= max_sm; ++sm) hist[std::min(per_sm[sm], 7)]++;
+  printf("one-pass blocks per SM (last launch): ");
   for (int k = 0; k < 8; ++k)
     if (hist[k]) printf("%d SMs with %d  ", hist[k], k);
   printf("\n");

@@ -316,10 +316,10 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // ty + kRowThreads · k. Each thread streams its rows through a private ring of kStages
 // shared-memory slots (x and grad_out packs) filled by cp.async: rows k + 1 … k + kStages − 1 are
 // in flight while row k is computed, and no registers hold them. Its fp32 bias-gradient sums then
-// go through shared memory ([ty][tx · kVec + e], rows padded by one float; the ring's bytes once
-// every thread is done with them), kSlices = block / kCols threads per column add every kSlices-th
-// row thread's sum, and a shuffle across those kSlices neighbouring lanes finishes the column
-// (kSlices ≤ 32: vectorized layouts only).
+// go through shared memory ([ty][tx · kVec + e], rows padded by one float, after the ring),
+// kSlices = block / kCols threads per column add every kSlices-th row thread's sum, and a shuffle
+// across those kSlices neighbouring lanes finishes the column (kSlices ≤ 32: vectorized layouts
+// only).
 //
 // Measured at 256 × 16384, of a same-bytes copy (fp32 / fp16 / bf16; docs/notes/gelu.md):
 // - block shape (BiasBwdOnePass), one row at a time through registers, A/B at 0063fc5: 4 column
@@ -334,6 +334,9 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // - deeper rings (A/B at 115d3ae): 4 slots, every row requested up front, 0.83 / 0.83 / 0.83; with
 //   the carveout at 100% (FLASHEXT_GELU_ONE_PASS_CARVEOUT) 4 slots 0.84, 3 slots 0.84-0.86; base 0.89-0.90.
 //   FLASHEXT_GELU_ONE_PASS_STAGES (1-6) sets the slots for A/B runs.
+// - the sums in bytes of their own instead of the ring's (one barrier after the rows, not two;
+//   timeline at fe1cd40, benchmarks/experiments/bias_bwd_timeline.cu): a block's last row done →
+//   its bias gradient stored 512 → 416 ns, the launch 12.13 → 11.97-12.03 µs.
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
 #define FLASHEXT_GELU_ONE_PASS_STAGES 2
 #endif
@@ -352,13 +355,13 @@ cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
 }
 
-// Dynamic shared memory of the one-pass kernel: the ring, or the reduction's sums once it is done.
+// Dynamic shared memory of the one-pass kernel: the ring, then the reduction's sums.
 template <typename T, int kVec>
 constexpr size_t one_pass_smem_bytes() {
   constexpr int kThreads = BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads;
   constexpr size_t kRingBytes = sizeof(Pack<T, kVec>) * 2 * FLASHEXT_GELU_ONE_PASS_STAGES * kThreads;
   constexpr size_t kSumBytes = sizeof(float) * BiasBwdOnePass::kRowThreads * (BiasBwdOnePass::kColThreads * kVec + 1);
-  return kRingBytes > kSumBytes ? kRingBytes : kSumBytes;
+  return kRingBytes + kSumBytes;
 }
 
 template <typename T, int kVec, bool kTanh>
@@ -381,7 +384,7 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
   const int64_t x_row_packs = args.x_row_stride / kVec, dst_row_packs = args.cols / kVec;
 
   // ring[slot][0 = x, 1 = grad_out][thread], then the reduction's sums[row thread][column]:
-  // one_pass_smem_bytes<T, kVec>() of dynamic shared memory.
+  // one_pass_smem_bytes<T, kVec>() of dynamic shared memory (48.3 KiB for 16-bit types).
   extern __shared__ __align__(16) unsigned char smem[];
   auto ring = reinterpret_cast<P(*)[2][kThreads]>(smem);
 
@@ -420,12 +423,13 @@ __global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::k
       ptx::cp_async_commit();
       store_pack<T, kVec>(dst, (ty + k * kRowThreads) * dst_row_packs + col_pack, out);
     }
-    ptx::cp_async_wait<0>();  // nothing in flight into the bytes the sums reuse
+    ptx::cp_async_wait<0>();  // the groups left are empty: nothing in flight past here
   }
   FLASHEXT_GELU_TRACE(6);  // rows done
-  __syncthreads();  // every thread is done with the ring
 
-  auto sums = reinterpret_cast<float(*)[kCols + 1]>(smem);
+  // The sums have their own bytes after the ring: a thread writes them as soon as its rows are
+  // done, and one barrier (not two) stands between the last row and the reduction.
+  auto sums = reinterpret_cast<float(*)[kCols + 1]>(smem + sizeof(P) * 2 * kStages * kThreads);
 #pragma unroll
   for (int e = 0; e < kVec; ++e) sums[ty][tx * kVec + e] = bias_grad[e];
   __syncthreads();  // every row thread's sums are in shared memory
