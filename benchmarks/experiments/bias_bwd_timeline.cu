@@ -96,8 +96,8 @@ static float median(std::vector<float> v) {
 
 template <typename T>
 int run(int64_t rows, int64_t cols) {
-  constexpr int kVec = kOnePassVec<T>;
-  constexpr int kThreads = kOnePassThreads<T, kVec>;
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kThreads = BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads;
   const int64_t n = rows * cols;
   T *x, *g, *bias, *dx, *db;
   CHECK(cudaMalloc(&x, n * sizeof(T)));
@@ -210,11 +210,11 @@ int run(int64_t rows, int64_t cols) {
     return ms;
   };
 
-  const int blocks = int((cols + kVec * kOnePassColThreads<T, kVec> - 1) / (kVec * kOnePassColThreads<T, kVec>));
+  const int blocks = int((cols + kVec * BiasBwdOnePass::kColThreads - 1) / (kVec * BiasBwdOnePass::kColThreads));
   printf("%s %lld x %lld: one-pass backward %d blocks x %d threads, %zu B shared memory\n",
          sizeof(T) == 2 ? "bf16" : "fp32", (long long)rows, (long long)cols, blocks, kThreads, kSmem);
   const float copy_ms = measure("same-bytes copy", [&] { CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 0, 0);
-  const int64_t packs = n / (16 / sizeof(T));
+  const int64_t packs = n / kVec;
   const int add_blocks = int((packs + 255) / 256);
   const float add_ms = measure("add 2r1w (traced)", [&] { add_2r1w<T><<<add_blocks, 256>>>(x, g, dx, packs); },
                                std::min(add_blocks, kMaxBlocks), 8);

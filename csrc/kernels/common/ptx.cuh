@@ -27,12 +27,6 @@ FX_DEVICE void cp_async_16_policy(uint32_t dst_smem, const void* src_global, uin
                "l"(policy));
 }
 
-// An 8-byte copy with an L2 cache policy (.ca: the 16-byte-only .cg does not take 8).
-FX_DEVICE void cp_async_8_policy(uint32_t dst_smem, const void* src_global, uint64_t policy) {
-  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 8, %2;\n" ::"r"(dst_smem), "l"(src_global),
-               "l"(policy));
-}
-
 // PTX ISA createpolicy (fractional, 1.0): an L2 policy that evicts the lines it brings in first, for data
 // read once (their lines, clean, go before the dirty lines of whatever ran before).
 FX_DEVICE uint64_t l2_evict_first_policy() {

@@ -31,13 +31,13 @@ cudaError_t run_bias_gelu_bwd(const BiasGeluBwdParams& p, cudaStream_t stream) {
   if (bias_gelu_bwd_one_pass(p)) {  // vectorized: 16-byte packs of T
     const RowColArgs args{p.grad_out, p.x, p.bias, p.grad_x, nullptr, p.rows, p.cols, p.x_row_stride,
                           p.rows, p.approximate == GeluApprox::kTanh, p.grad_bias};
+    constexpr int kThreads = BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads;
     return dispatch_dtype(p.dtype, [&](auto type_tag) {
       using T = decltype(type_tag);
-      constexpr int kVec = kOnePassVec<T>, kThreads = kOnePassThreads<T, kVec>;
-      const dim3 grid(unsigned(ceil_div(p.cols, int64_t(kVec) * kOnePassColThreads<T, kVec>)));
-      constexpr size_t kSmem = one_pass_smem_bytes<T, kVec>();
-      const auto kernel = args.tanh_form ? bias_gelu_bwd_one_pass_kernel<T, kVec, true>
-                                         : bias_gelu_bwd_one_pass_kernel<T, kVec, false>;
+      const dim3 grid(unsigned(ceil_div(p.cols, int64_t(kVec16<T>) * BiasBwdOnePass::kColThreads)));
+      constexpr size_t kSmem = one_pass_smem_bytes<T, kVec16<T>>();
+      const auto kernel = args.tanh_form ? bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, true>
+                                         : bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, false>;
       FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, kSmem));
       kernel<<<grid, kThreads, kSmem, stream>>>(args);
       return cudaGetLastError();

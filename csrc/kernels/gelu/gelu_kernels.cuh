@@ -355,32 +355,20 @@ cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
 }
 
-// Packs of the one-pass kernel: 16 bytes, or 8 for 16-bit types with
-// FLASHEXT_GELU_ONE_PASS_HALF_PACKS=1 (A/B: twice the threads, each with half a row).
-#ifndef FLASHEXT_GELU_ONE_PASS_HALF_PACKS
-#define FLASHEXT_GELU_ONE_PASS_HALF_PACKS 0
-#endif
-template <typename T>
-constexpr int kOnePassVec = FLASHEXT_GELU_ONE_PASS_HALF_PACKS && sizeof(T) == 2 ? kVec16<T> / 2 : kVec16<T>;
-// Column threads: a warp's row segment is one 128-byte line (BiasBwdOnePass::kColThreads for 16-byte packs).
-template <typename T, int kVec>
-constexpr int kOnePassColThreads = 128 / int(sizeof(T) * kVec);
-template <typename T, int kVec>
-constexpr int kOnePassThreads = kOnePassColThreads<T, kVec> * BiasBwdOnePass::kRowThreads;
-
 // Dynamic shared memory of the one-pass kernel: the ring, then the reduction's sums.
 template <typename T, int kVec>
 constexpr size_t one_pass_smem_bytes() {
-  constexpr int kThreads = kOnePassThreads<T, kVec>;
+  constexpr int kThreads = BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads;
   constexpr size_t kRingBytes = sizeof(Pack<T, kVec>) * 2 * FLASHEXT_GELU_ONE_PASS_STAGES * kThreads;
-  constexpr size_t kSumBytes = sizeof(float) * BiasBwdOnePass::kRowThreads * (kOnePassColThreads<T, kVec> * kVec + 1);
+  constexpr size_t kSumBytes = sizeof(float) * BiasBwdOnePass::kRowThreads * (BiasBwdOnePass::kColThreads * kVec + 1);
   return kRingBytes + kSumBytes;
 }
 
 template <typename T, int kVec, bool kTanh>
-__global__ void __launch_bounds__(kOnePassThreads<T, kVec>, 2)
+__global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads,
+                                  1024 / (BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads))
     bias_gelu_bwd_one_pass_kernel(const RowColArgs args) {
-  constexpr int kColThreads = kOnePassColThreads<T, kVec>, kRowThreads = BiasBwdOnePass::kRowThreads;
+  constexpr int kColThreads = BiasBwdOnePass::kColThreads, kRowThreads = BiasBwdOnePass::kRowThreads;
   constexpr int kThreads = kColThreads * kRowThreads, kStages = FLASHEXT_GELU_ONE_PASS_STAGES;
   constexpr int kCols = kColThreads * kVec, kSlices = kThreads / kCols;
   static_assert(kVec > 1 && kSlices <= 32 && kRowThreads % kSlices == 0, "one lane group per column");
@@ -411,13 +399,8 @@ __global__ void __launch_bounds__(kOnePassThreads<T, kVec>, 2)
     const auto issue = [&](int64_t k) {  // row k of this thread into its slot
       const int64_t row = ty + k * kRowThreads;
       const int slot = int(k % kStages);
-      if constexpr (sizeof(P) == 16) {
-        ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, policy);
-        ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, policy);
-      } else {
-        ptx::cp_async_8_policy(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, policy);
-        ptx::cp_async_8_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, policy);
-      }
+      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, policy);
+      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, policy);
     };
     ring_prologue<kStages>(my_rows, issue);
     FLASHEXT_GELU_TRACE(1);  // rows 0 … kStages − 1 requested
