@@ -97,7 +97,7 @@ static float median(std::vector<float> v) {
 template <typename T>
 int run(int64_t rows, int64_t cols) {
   constexpr int kVec = 16 / sizeof(T);
-  constexpr int kThreads = BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads;
+  constexpr int kThreads = kOnePassThreads<T>;
   const int64_t n = rows * cols;
   T *x, *g, *bias, *dx, *db;
   CHECK(cudaMalloc(&x, n * sizeof(T)));

@@ -31,9 +31,9 @@ cudaError_t run_bias_gelu_bwd(const BiasGeluBwdParams& p, cudaStream_t stream) {
   if (bias_gelu_bwd_one_pass(p)) {  // vectorized: 16-byte packs of T
     const RowColArgs args{p.grad_out, p.x, p.bias, p.grad_x, nullptr, p.rows, p.cols, p.x_row_stride,
                           p.rows, p.approximate == GeluApprox::kTanh, p.grad_bias};
-    constexpr int kThreads = BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads;
     return dispatch_dtype(p.dtype, [&](auto type_tag) {
       using T = decltype(type_tag);
+      constexpr int kThreads = kOnePassThreads<T>;
       const dim3 grid(unsigned(ceil_div(p.cols, int64_t(kVec16<T>) * BiasBwdOnePass::kColThreads)));
       constexpr size_t kSmem = one_pass_smem_bytes<T, kVec16<T>>();
       const auto kernel = args.tanh_form ? bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, true>

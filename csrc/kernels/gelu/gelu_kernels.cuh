@@ -355,20 +355,32 @@ cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
 }
 
+// Row threads of the one-pass kernel: A/B knobs FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS (fp32) and
+// FLASHEXT_GELU_ONE_PASS_16BIT_ROW_THREADS.
+#ifndef FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS
+#define FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS 64
+#endif
+#ifndef FLASHEXT_GELU_ONE_PASS_16BIT_ROW_THREADS
+#define FLASHEXT_GELU_ONE_PASS_16BIT_ROW_THREADS 64
+#endif
+template <typename T>
+constexpr int kOnePassRowThreads =
+    sizeof(T) == 4 ? FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS : FLASHEXT_GELU_ONE_PASS_16BIT_ROW_THREADS;
+template <typename T>
+constexpr int kOnePassThreads = BiasBwdOnePass::kColThreads * kOnePassRowThreads<T>;
+
 // Dynamic shared memory of the one-pass kernel: the ring, then the reduction's sums.
 template <typename T, int kVec>
 constexpr size_t one_pass_smem_bytes() {
-  constexpr int kThreads = BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads;
-  constexpr size_t kRingBytes = sizeof(Pack<T, kVec>) * 2 * FLASHEXT_GELU_ONE_PASS_STAGES * kThreads;
-  constexpr size_t kSumBytes = sizeof(float) * BiasBwdOnePass::kRowThreads * (BiasBwdOnePass::kColThreads * kVec + 1);
+  constexpr size_t kRingBytes = sizeof(Pack<T, kVec>) * 2 * FLASHEXT_GELU_ONE_PASS_STAGES * kOnePassThreads<T>;
+  constexpr size_t kSumBytes = sizeof(float) * kOnePassRowThreads<T> * (BiasBwdOnePass::kColThreads * kVec + 1);
   return kRingBytes + kSumBytes;
 }
 
 template <typename T, int kVec, bool kTanh>
-__global__ void __launch_bounds__(BiasBwdOnePass::kColThreads* BiasBwdOnePass::kRowThreads,
-                                  1024 / (BiasBwdOnePass::kColThreads * BiasBwdOnePass::kRowThreads))
+__global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
     bias_gelu_bwd_one_pass_kernel(const RowColArgs args) {
-  constexpr int kColThreads = BiasBwdOnePass::kColThreads, kRowThreads = BiasBwdOnePass::kRowThreads;
+  constexpr int kColThreads = BiasBwdOnePass::kColThreads, kRowThreads = kOnePassRowThreads<T>;
   constexpr int kThreads = kColThreads * kRowThreads, kStages = FLASHEXT_GELU_ONE_PASS_STAGES;
   constexpr int kCols = kColThreads * kVec, kSlices = kThreads / kCols;
   static_assert(kVec > 1 && kSlices <= 32 && kRowThreads % kSlices == 0, "one lane group per column");
