@@ -105,9 +105,13 @@ int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int
 // partial sums, no second kernel. Taken when the rows are few (≤ kMaxRows), the layout is
 // vectorized, and the strips alone give at least one block (half the resident threads) per SM.
 // 8 column threads: a warp reads whole 128-byte lines (4 measured 6-7% slower, 64-byte segments).
+// Row threads: 64 for 16-bit types (512-thread blocks, 2 per SM: 256 strips of 64 columns at
+// 16384 columns, one wave), 32 for fp32 (256-thread blocks, 4 per SM: its 512 strips of 32 columns
+// in one wave too; with 64 they took two, 3-7% slower).
 struct BiasBwdOnePass {
   static constexpr int kColThreads = 8;
   static constexpr int kRowThreads = 64;
+  static constexpr int kRowThreadsFp32 = 32;
   static constexpr int64_t kMaxRows = 1024;
 };
 bool bias_gelu_bwd_one_pass(int64_t rows, int64_t cols, int vec, int sm_count);

@@ -334,6 +334,9 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // - deeper rings (A/B at 115d3ae): 4 slots, every row requested up front, 0.83 / 0.83 / 0.83; with
 //   the carveout at 100% (FLASHEXT_GELU_ONE_PASS_CARVEOUT) 4 slots 0.84, 3 slots 0.84-0.86; base 0.89-0.90.
 //   FLASHEXT_GELU_ONE_PASS_STAGES (1-6) sets the slots for A/B runs.
+// - row threads (timeline at 923e23c, of a same-bytes copy, bf16 / fp32): 256 rows: 64 0.856-0.866 /
+//   0.848, 32 0.838-0.841 / 0.869-0.870, 16 0.73 / 0.875; 1024 rows: 64 0.850 / 0.821, 32 0.862 /
+//   0.876, 16 0.706 / 0.848. fp32 takes 32 (one wave at 16384 columns), 16-bit types 64.
 // - the sums in bytes of their own instead of the ring's (one barrier after the rows, not two;
 //   timeline at fe1cd40, benchmarks/experiments/bias_bwd_timeline.cu): a block's last row done →
 //   its bias gradient stored 512 → 416 ns, the launch 12.13 → 11.97-12.03 µs.
@@ -355,13 +358,13 @@ cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
 }
 
-// Row threads of the one-pass kernel: A/B knobs FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS (fp32) and
-// FLASHEXT_GELU_ONE_PASS_16BIT_ROW_THREADS.
+// Row threads of the one-pass kernel (BiasBwdOnePass); A/B knobs FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS
+// and FLASHEXT_GELU_ONE_PASS_16BIT_ROW_THREADS.
 #ifndef FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS
-#define FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS 64
+#define FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS BiasBwdOnePass::kRowThreadsFp32
 #endif
 #ifndef FLASHEXT_GELU_ONE_PASS_16BIT_ROW_THREADS
-#define FLASHEXT_GELU_ONE_PASS_16BIT_ROW_THREADS 64
+#define FLASHEXT_GELU_ONE_PASS_16BIT_ROW_THREADS BiasBwdOnePass::kRowThreads
 #endif
 template <typename T>
 constexpr int kOnePassRowThreads =
