@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // - the ring's reads with an L2 evict-first policy (A/B at e9def82, two paired runs): 0.89 / 0.89-0.90
 //   / 0.90 against 0.87 / 0.88 / 0.89-0.90 (0.90-0.93 of a same-mix torch.add against 0.89-0.91).
 // - deeper rings (A/B at 115d3ae): 4 slots, every row requested up front, 0.83 / 0.83 / 0.83; with
-//   the carveout at 100% (FLASHEXT_GELU_ONE_PASS_CARVEOUT) 4 slots 0.84, 3 slots 0.84-0.86; base 0.89-0.90.
+//   the shared-memory carveout at 100% (a knob since removed) 4 slots 0.84, 3 slots 0.84-0.86; base 0.89-0.90.
 //   FLASHEXT_GELU_ONE_PASS_STAGES (1-6) sets the slots for A/B runs.
 // - row threads (timeline at 923e23c, of a same-bytes copy, bf16 / fp32): 256 rows: 64 0.856-0.866 /
 //   0.848, 32 0.838-0.841 / 0.869-0.870, 16 0.73 / 0.875; 1024 rows: 64 0.850 / 0.821, 32 0.862 /
@@ -344,16 +344,8 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #define FLASHEXT_GELU_ONE_PASS_STAGES 2
 #endif
 // Lets kernel take `bytes` of dynamic shared memory (past the default 48 KiB only when asked).
-// FLASHEXT_GELU_ONE_PASS_CARVEOUT (percent, A/B only) sets its preferred shared-memory carveout.
-#ifndef FLASHEXT_GELU_ONE_PASS_CARVEOUT
-#define FLASHEXT_GELU_ONE_PASS_CARVEOUT -1
-#endif
 template <typename Kernel>
 cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  if (FLASHEXT_GELU_ONE_PASS_CARVEOUT >= 0) {
-    FX_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                            FLASHEXT_GELU_ONE_PASS_CARVEOUT));
-  }
   if (bytes <= 48 * 1024) return cudaSuccess;
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
 }
