@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
   constexpr int kThreads = kColThreads * kRowThreads, kStages = FLASHEXT_GELU_ONE_PASS_STAGES;
   constexpr int kCols = kColThreads * kVec, kSlices = kThreads / kCols;
   static_assert(kVec > 1 && kSlices <= 32 && kRowThreads % kSlices == 0, "one lane group per column");
-  static_assert(kStages >= 1 && kStages <= 6, "the ring is 16 KiB per slot, two blocks per SM");
+  static_assert(kStages >= 1 && kStages <= 6, "a slot is 32 bytes a thread: 16 KiB for 512 threads");
   using P = Pack<T, kVec>;
   FLASHEXT_GELU_TRACE(0);  // entry
   const T* x = static_cast<const T*>(args.x);
@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
   const int64_t x_row_packs = args.x_row_stride / kVec, dst_row_packs = args.cols / kVec;
 
   // ring[slot][0 = x, 1 = grad_out][thread], then the reduction's sums[row thread][column]:
-  // one_pass_smem_bytes<T, kVec>() of dynamic shared memory (48.3 KiB for 16-bit types).
+  // one_pass_smem_bytes<T, kVec>() of dynamic shared memory (48.3 KiB for 16-bit types, 20.1 for fp32).
   extern __shared__ __align__(16) unsigned char smem[];
   auto ring = reinterpret_cast<P(*)[2][kThreads]>(smem);
 
