@@ -27,21 +27,6 @@ FX_DEVICE void cp_async_16_policy(uint32_t dst_smem, const void* src_global, uin
                "l"(policy));
 }
 
-// The same with an L2 prefetch size (.L2::128B / .L2::256B): the L2 fetches that many bytes around
-// the copy's 16. kPrefetch 0 is cp_async_16_policy.
-template <int kPrefetch>
-FX_DEVICE void cp_async_16_policy_prefetch(uint32_t dst_smem, const void* src_global, uint64_t policy) {
-  if constexpr (kPrefetch == 256) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst_smem),
-                 "l"(src_global), "l"(policy));
-  } else if constexpr (kPrefetch == 128) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst_smem),
-                 "l"(src_global), "l"(policy));
-  } else {
-    cp_async_16_policy(dst_smem, src_global, policy);
-  }
-}
-
 // PTX ISA createpolicy (fractional, 1.0): an L2 policy that evicts the lines it brings in first, for data
 // read once (their lines, clean, go before the dirty lines of whatever ran before).
 FX_DEVICE uint64_t l2_evict_first_policy() {

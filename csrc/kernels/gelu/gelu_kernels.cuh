@@ -343,9 +343,6 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
 #define FLASHEXT_GELU_ONE_PASS_STAGES 2
 #endif
-#ifndef FLASHEXT_GELU_ONE_PASS_L2_PREFETCH
-#define FLASHEXT_GELU_ONE_PASS_L2_PREFETCH 0
-#endif
 // Lets kernel take `bytes` of dynamic shared memory (past the default 48 KiB only when asked).
 template <typename Kernel>
 cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
@@ -409,9 +406,8 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
     const auto issue = [&](int64_t k) {  // row k of this thread into its slot
       const int64_t row = ty + k * kRowThreads;
       const int slot = int(k % kStages);
-      constexpr int kPrefetch = FLASHEXT_GELU_ONE_PASS_L2_PREFETCH;  // A/B knob: 0, 128 or 256
-      ptx::cp_async_16_policy_prefetch<kPrefetch>(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, policy);
-      ptx::cp_async_16_policy_prefetch<kPrefetch>(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, policy);
+      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, policy);
+      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, policy);
     };
     ring_prologue<kStages>(my_rows, issue);
     FLASHEXT_GELU_TRACE(1);  // rows 0 … kStages − 1 requested
