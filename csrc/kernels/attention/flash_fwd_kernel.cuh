@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../common/device.h"
 #include "../common/online_softmax.h"
 #include "../common/ptx.cuh"
 #include "flashext/attention.h"
@@ -480,7 +481,7 @@ template <typename T, int kHeadDim>
 cudaError_t launch_flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   using Config = FlashFwdConfig<kHeadDim>;
   auto kernel = flash_fwd_kernel<T, Config>;
-  FX_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes));
+  FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const dim3 grid((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, p.heads, p.batch);
   kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

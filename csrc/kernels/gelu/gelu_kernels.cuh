@@ -343,12 +343,6 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
 #define FLASHEXT_GELU_ONE_PASS_STAGES 2
 #endif
-// Lets kernel take `bytes` of dynamic shared memory (past the default 48 KiB only when asked).
-template <typename Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-}
 
 // Row threads of the one-pass kernel (BiasBwdOnePass); A/B knobs FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS
 // and FLASHEXT_GELU_ONE_PASS_16BIT_ROW_THREADS.
