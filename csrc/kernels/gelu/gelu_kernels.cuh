@@ -343,6 +343,10 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
 #define FLASHEXT_GELU_ONE_PASS_STAGES 2
 #endif
+// A/B knob: 1 indexes rows in 32 bits (offsets from the thread's column, no stride division).
+#ifndef FLASHEXT_GELU_ONE_PASS_INDEX32
+#define FLASHEXT_GELU_ONE_PASS_INDEX32 0
+#endif
 
 // Row threads of the one-pass kernel (BiasBwdOnePass); A/B knobs FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS
 // and FLASHEXT_GELU_ONE_PASS_16BIT_ROW_THREADS.
@@ -393,6 +397,47 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
 #pragma unroll
   for (int e = 0; e < kVec; ++e) bias_grad[e] = 0.0f;
   if (col_valid) {
+#if FLASHEXT_GELU_ONE_PASS_INDEX32
+    // rows ≤ BiasBwdOnePass::kMaxRows: row numbers and counts in 32 bits, element offsets from
+    // this thread's column (no division of the strides by kVec).
+    const int64_t col = col_pack * kVec;
+    const T* x_col = x + col;
+    const T* grad_col = grad_out + col;
+    T* dst_col = dst + col;
+    const int64_t x_stride = args.x_row_stride, stride = args.cols;
+    const uint64_t policy = ptx::l2_evict_first_policy();  // x and grad_out are read once
+    const auto issue = [&](int k) {  // row k of this thread into its slot
+      const int row = ty + k * kRowThreads;
+      const int slot = k % kStages;
+      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x_col + row * x_stride, policy);
+      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_col + row * stride, policy);
+    };
+    const unsigned rows = unsigned(args.rows);
+    const int my_rows = rows > unsigned(ty) ? int((rows - unsigned(ty) + kRowThreads - 1) / kRowThreads) : 0;
+    ring_prologue<kStages>(my_rows, issue);
+    const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
+    unpack(bias_pack, bias);
+    FLASHEXT_GELU_TRACE(1);  // rows 0 … kStages − 1 requested
+    for (int k = 0; k < my_rows; ++k) {
+      ptx::cp_async_wait<kStages - 1>();  // row k has landed
+      FLASHEXT_GELU_TRACE(2 + k);
+      const int slot = k % kStages;
+      float xs[kVec], gs[kVec];
+      unpack(ring[slot][0][threadIdx.x], xs);
+      unpack(ring[slot][1][threadIdx.x], gs);
+      P out;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(xs[e] + bias[e], gs[e]);
+        out.elem[e] = from_float<T>(value);
+        bias_grad[e] += value;  // fp32, before rounding to T
+      }
+      asm volatile("" ::: "memory");  // out depends on the slot's values, so they have been read: refill it
+      if (k + kStages < my_rows) issue(k + kStages);
+      ptx::cp_async_commit();
+      *reinterpret_cast<P*>(dst_col + (ty + k * kRowThreads) * stride) = out;
+    }
+#else
     const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
     unpack(bias_pack, bias);
     const int64_t my_rows = args.rows > ty ? (args.rows - ty + kRowThreads - 1) / kRowThreads : 0;
@@ -424,6 +469,7 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
       ptx::cp_async_commit();
       store_pack<T, kVec>(dst, (ty + k * kRowThreads) * dst_row_packs + col_pack, out);
     }
+#endif
     ptx::cp_async_wait<0>();  // the groups left are empty: nothing in flight past here
   }
   FLASHEXT_GELU_TRACE(6);  // rows done
