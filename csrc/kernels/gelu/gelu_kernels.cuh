@@ -398,13 +398,12 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
   for (int e = 0; e < kVec; ++e) bias_grad[e] = 0.0f;
   if (col_valid) {
 #if FLASHEXT_GELU_ONE_PASS_INDEX32
-    // rows ≤ BiasBwdOnePass::kMaxRows: row numbers and counts in 32 bits, element offsets from
-    // this thread's column (no division of the strides by kVec).
-    const int64_t col = col_pack * kVec;
-    const T* x_col = x + col;
-    const T* grad_col = grad_out + col;
-    T* dst_col = dst + col;
-    const int64_t x_stride = args.x_row_stride, stride = args.cols;
+    // rows ≤ BiasBwdOnePass::kMaxRows: row numbers and counts in 32 bits, pack pointers at this
+    // thread's column (the strides, non-negative multiples of kVec, divided by a shift).
+    const P* x_col = reinterpret_cast<const P*>(x) + col_pack;
+    const P* grad_col = reinterpret_cast<const P*>(grad_out) + col_pack;
+    P* dst_col = reinterpret_cast<P*>(dst) + col_pack;
+    const int64_t x_stride = int64_t(uint64_t(args.x_row_stride) / kVec), stride = int64_t(uint64_t(args.cols) / kVec);
     const uint64_t policy = ptx::l2_evict_first_policy();  // x and grad_out are read once
     const auto issue = [&](int k) {  // row k of this thread into its slot
       const int row = ty + k * kRowThreads;
@@ -435,7 +434,7 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
       asm volatile("" ::: "memory");  // out depends on the slot's values, so they have been read: refill it
       if (k + kStages < my_rows) issue(k + kStages);
       ptx::cp_async_commit();
-      *reinterpret_cast<P*>(dst_col + (ty + k * kRowThreads) * stride) = out;
+      dst_col[(ty + k * kRowThreads) * stride] = out;
     }
 #else
     const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
