@@ -428,6 +428,7 @@ TYPED_TEST(GeluKernels, BiasGeluAgainstCpuReference) {
   // to 251 SMs; 16008 columns leave a part-filled last strip, 67 rows a part-filled row batch.
   run_bias_gelu_case<TypeParam>(67, 16008, 16008, GeluApprox::kNone);
   run_bias_gelu_case<TypeParam>(67, 16008, 16040, GeluApprox::kTanh);  // strided rows
+  run_bias_gelu_case<TypeParam>(5, 16008, 16008, GeluApprox::kNone);  // most row threads without a row
 }
 
 TEST(GeluKernels, RefusesBadSizes) {

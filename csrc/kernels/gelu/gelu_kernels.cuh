@@ -340,12 +340,11 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // - the sums in bytes of their own instead of the ring's (one barrier after the rows, not two;
 //   timeline at fe1cd40, benchmarks/experiments/bias_bwd_timeline.cu): a block's last row done →
 //   its bias gradient stored 512 → 416 ns, the launch 12.13 → 11.97-12.03 µs.
+// - rows in 32 bits and pack pointers at the thread's column (A/B at 49cebed, two paired runs, and
+//   the timeline): 0.91 / 0.91 / 0.91-0.92 against 0.91-0.92 / 0.90-0.91 / 0.91; timeline bf16
+//   0.851-0.852 against 0.847-0.850, fp32 0.873-0.875 against 0.864-0.869.
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
 #define FLASHEXT_GELU_ONE_PASS_STAGES 2
-#endif
-// A/B knob: 1 indexes rows in 32 bits (offsets from the thread's column, no stride division).
-#ifndef FLASHEXT_GELU_ONE_PASS_INDEX32
-#define FLASHEXT_GELU_ONE_PASS_INDEX32 0
 #endif
 
 // Row threads of the one-pass kernel (BiasBwdOnePass); A/B knobs FLASHEXT_GELU_ONE_PASS_FP32_ROW_THREADS
@@ -386,7 +385,6 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
   const int tx = threadIdx.x % kColThreads, ty = threadIdx.x / kColThreads;
   const int64_t col_pack = int64_t(blockIdx.x) * kColThreads + tx;
   const bool col_valid = col_pack * kVec < args.cols;  // cols % kVec == 0
-  const int64_t x_row_packs = args.x_row_stride / kVec, dst_row_packs = args.cols / kVec;
 
   // ring[slot][0 = x, 1 = grad_out][thread], then the reduction's sums[row thread][column]:
   // one_pass_smem_bytes<T, kVec>() of dynamic shared memory (48.3 KiB for 16-bit types, 20.1 for fp32).
@@ -397,9 +395,10 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
 #pragma unroll
   for (int e = 0; e < kVec; ++e) bias_grad[e] = 0.0f;
   if (col_valid) {
-#if FLASHEXT_GELU_ONE_PASS_INDEX32
-    // rows ≤ BiasBwdOnePass::kMaxRows: row numbers and counts in 32 bits, pack pointers at this
-    // thread's column (the strides, non-negative multiples of kVec, divided by a shift).
+    // rows ≤ BiasBwdOnePass::kMaxRows (bias_gelu_bwd_one_pass): row numbers and counts in 32 bits,
+    // pack pointers at this thread's column, the strides (non-negative multiples of kVec) divided by
+    // a shift — 8 fewer instructions a row and the first request 20 earlier than 64-bit row indexing
+    // with signed divisions (A/B at 49cebed: level to +1%).
     const P* x_col = reinterpret_cast<const P*>(x) + col_pack;
     const P* grad_col = reinterpret_cast<const P*>(grad_out) + col_pack;
     P* dst_col = reinterpret_cast<P*>(dst) + col_pack;
@@ -436,39 +435,6 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
       ptx::cp_async_commit();
       dst_col[(ty + k * kRowThreads) * stride] = out;
     }
-#else
-    const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
-    unpack(bias_pack, bias);
-    const int64_t my_rows = args.rows > ty ? (args.rows - ty + kRowThreads - 1) / kRowThreads : 0;
-    const uint64_t policy = ptx::l2_evict_first_policy();  // x and grad_out are read once
-    const auto issue = [&](int64_t k) {  // row k of this thread into its slot
-      const int64_t row = ty + k * kRowThreads;
-      const int slot = int(k % kStages);
-      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x + (row * x_row_packs + col_pack) * kVec, policy);
-      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_out + (row * dst_row_packs + col_pack) * kVec, policy);
-    };
-    ring_prologue<kStages>(my_rows, issue);
-    FLASHEXT_GELU_TRACE(1);  // rows 0 … kStages − 1 requested
-    for (int64_t k = 0; k < my_rows; ++k) {
-      ptx::cp_async_wait<kStages - 1>();  // row k has landed
-      FLASHEXT_GELU_TRACE(2 + k);
-      const int slot = int(k % kStages);
-      float xs[kVec], gs[kVec];
-      unpack(ring[slot][0][threadIdx.x], xs);
-      unpack(ring[slot][1][threadIdx.x], gs);
-      P out;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float value = gelu_epilogue<T, /*kBackward=*/true, kTanh>(xs[e] + bias[e], gs[e]);
-        out.elem[e] = from_float<T>(value);
-        bias_grad[e] += value;  // fp32, before rounding to T
-      }
-      asm volatile("" ::: "memory");  // out depends on the slot's values, so they have been read: refill it
-      if (k + kStages < my_rows) issue(k + kStages);
-      ptx::cp_async_commit();
-      store_pack<T, kVec>(dst, (ty + k * kRowThreads) * dst_row_packs + col_pack, out);
-    }
-#endif
     ptx::cp_async_wait<0>();  // the groups left are empty: nothing in flight past here
   }
   FLASHEXT_GELU_TRACE(6);  // rows done
