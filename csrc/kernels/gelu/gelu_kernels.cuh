@@ -102,9 +102,10 @@ struct RowColArgs {
 // parameter: a runtime branch kept both forms' registers live and cost the 16-bit kernels about 4%
 // (spills). With FLASHEXT_GELU_FAST_PHI the exact form of a 16-bit result goes through
 // gelu_erf_16 / gelu_erf_16_grad (gelu_math.h: one exponential and one reciprocal, the bf16
-// forward with a shorter fit than fp16's) instead of erff, within one rounding step of the exact value for every 16-bit z; measured on
-// the H200 at 2f9688e: bias + GeLU 16-bit 0.60 -> 0.79 of copy, its backward 0.73 -> 0.93
-// (docs/notes/gelu.md). -DFLASHEXT_GELU_FAST_PHI=0 restores erff for A/B runs.
+// forward with a shorter fit than fp16's) instead of erff, within one rounding step of the exact
+// value for every 16-bit z; measured on the H200 at 2f9688e: bias + GeLU 16-bit 0.60 -> 0.79 of
+// copy, its backward 0.73 -> 0.93 (docs/notes/gelu.md). -DFLASHEXT_GELU_FAST_PHI=0 restores erff
+// for A/B runs.
 #ifndef FLASHEXT_GELU_FAST_PHI
 #define FLASHEXT_GELU_FAST_PHI 1
 #endif
