@@ -102,8 +102,9 @@ int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int
 // Bias + GeLU backward over few rows, in one launch (bias_gelu_bwd_one_pass): a block of
 // kColThreads × kRowThreads threads owns a strip of kColThreads · vec columns and walks every row
 // (two rows in flight per thread, through a cp.async ring in shared memory), then reduces its
-// strip's bias gradient in shared memory; no partial sums, no second kernel. Taken when the rows are few (≤ kMaxRows), the layout is
-// vectorized, and the strips alone give at least one block per SM.
+// strip's bias gradient in shared memory; no partial sums, no second kernel. Taken when the rows
+// are few (≤ kMaxRows: the kernel counts rows in 32 bits), the layout is vectorized, and the strips
+// alone give at least one block per SM.
 // 8 column threads: a warp reads whole 128-byte lines (4 measured 6-7% slower, 64-byte segments).
 // Row threads: 64 for 16-bit types (512-thread blocks, 2 per SM: 256 strips of 64 columns at
 // 16384 columns, one wave), 32 for fp32 (256-thread blocks, 4 per SM: its 512 strips of 32 columns

@@ -59,18 +59,33 @@ constexpr int kFlatMinBlocks = kBackward ? 6 : 8;
 // A thread's private ring of kStages shared-memory slots, filled by cp.async with one commit group
 // per row, as the few-rows kernels below stream their rows (row k in slot k % kStages): only the
 // thread fills and reads its slots, so cp.async.wait_group<kStages − 1> before reading row k orders
-// them, with no barrier. issue(k) copies the thread's row k into its slot.
+// them, with no barrier.
 //
-// Rows 0 … kStages − 1 in flight: one group per slot, empty past the thread's last row, so the
-// group count stays kStages ahead. After computing row k, the kernel refills its slot with row
-// k + kStages (or commits an empty group), behind a compiler barrier that keeps the slot's reads
-// above the copy that overwrites it.
-template <int kStages, typename Issue>
-FX_DEVICE void ring_prologue(int64_t rows, Issue&& issue) {
+// Rows 0 … kStages − 1 go out first (ring_prologue), one group per slot, empty past the thread's
+// last row, so the group count stays kStages ahead; issue(k) copies row k into its slot. Then
+// ring_rows walks the thread's `rows` rows (Count: the kernel's row index type): compute(k, slot)
+// reads row k's slot and returns its result; the slot is refilled with row k + kStages (or an empty
+// group is committed), behind a compiler barrier that keeps the slot's reads above the copy that
+// overwrites it; then store(k, result). The groups left at the end are empty.
+template <int kStages, typename Count, typename Issue>
+FX_DEVICE void ring_prologue(Count rows, Issue&& issue) {
 #pragma unroll
   for (int k = 0; k < kStages; ++k) {
-    if (k < rows) issue(k);
+    if (k < rows) issue(Count(k));
     ptx::cp_async_commit();
+  }
+}
+
+template <int kStages, typename Count, typename Issue, typename Compute, typename Store>
+FX_DEVICE void ring_rows(Count rows, Issue&& issue, Compute&& compute, Store&& store) {
+  for (Count k = 0; k < rows; ++k) {
+    ptx::cp_async_wait<kStages - 1>();  // row k has landed
+    FLASHEXT_GELU_TRACE(2 + k);  // the timeline tool's "row k landed"
+    const auto result = compute(k, int(k % kStages));
+    asm volatile("" ::: "memory");  // result depends on the slot's values, so they have been read: refill it
+    if (k + kStages < rows) issue(k + kStages);
+    ptx::cp_async_commit();
+    store(k, result);
   }
 }
 
@@ -224,21 +239,21 @@ __global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThrea
         const int64_t row = row_begin + threadIdx.y + k * kRowThreads;
         ptx::cp_async_16(ptx::smem_addr(&ring[k % kRowUnroll][tid]), x + (row * x_row_packs + col_pack) * kVec, 16);
       };
-      ring_prologue<kRowUnroll>(my_rows, issue);
-      for (int64_t k = 0; k < my_rows; ++k) {
-        ptx::cp_async_wait<kRowUnroll - 1>();  // row k has landed
+      const auto compute = [&](int64_t, int slot) {
         float xs[kVec];
-        unpack(ring[k % kRowUnroll][tid], xs);
+        unpack(ring[slot][tid], xs);
         P out;
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
           out.elem[i] = from_float<T>(gelu_epilogue<T, /*kBackward=*/false, kTanh>(xs[i] + bias[i], 0.0f));
         }
-        asm volatile("" ::: "memory");  // out depends on the slot's values, so they have been read: refill it
-        if (k + kRowUnroll < my_rows) issue(k + kRowUnroll);
-        ptx::cp_async_commit();
+        return out;
+      };
+      const auto store = [&](int64_t k, const P& out) {
         store_pack<T, kVec>(dst, (row_begin + threadIdx.y + k * kRowThreads) * dst_row_packs + col_pack, out);
-      }
+      };
+      ring_prologue<kRowUnroll>(my_rows, issue);
+      ring_rows<kRowUnroll>(my_rows, issue, compute, store);
     }
   } else if (col_valid) {
     for (int64_t row0 = row_begin + threadIdx.y; row0 < row_end; row0 += kRowThreads * kRowUnroll) {
@@ -417,10 +432,7 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
     const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
     unpack(bias_pack, bias);
     FLASHEXT_GELU_TRACE(1);  // rows 0 … kStages − 1 requested
-    for (int k = 0; k < my_rows; ++k) {
-      ptx::cp_async_wait<kStages - 1>();  // row k has landed
-      FLASHEXT_GELU_TRACE(2 + k);
-      const int slot = k % kStages;
+    const auto compute = [&](int, int slot) {
       float xs[kVec], gs[kVec];
       unpack(ring[slot][0][threadIdx.x], xs);
       unpack(ring[slot][1][threadIdx.x], gs);
@@ -431,11 +443,10 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
         out.elem[e] = from_float<T>(value);
         bias_grad[e] += value;  // fp32, before rounding to T
       }
-      asm volatile("" ::: "memory");  // out depends on the slot's values, so they have been read: refill it
-      if (k + kStages < my_rows) issue(k + kStages);
-      ptx::cp_async_commit();
-      dst_col[(ty + k * kRowThreads) * stride] = out;
-    }
+      return out;
+    };
+    const auto store = [&](int k, const P& out) { dst_col[(ty + k * kRowThreads) * stride] = out; };
+    ring_rows<kStages>(my_rows, issue, compute, store);
     ptx::cp_async_wait<0>();  // the groups left are empty: nothing in flight past here
   }
   FLASHEXT_GELU_TRACE(6);  // rows done
