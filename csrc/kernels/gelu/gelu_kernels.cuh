@@ -331,11 +331,12 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // kCols = kColThreads · kVec; thread (tx, ty) = (t % kColThreads, t / kColThreads) walks the rows
 // ty + kRowThreads · k. Each thread streams its rows through a private ring of kStages
 // shared-memory slots (x and grad_out packs) filled by cp.async: rows k + 1 … k + kStages − 1 are
-// in flight while row k is computed, and no registers hold them. Its fp32 bias-gradient sums then
-// go through shared memory ([ty][tx · kVec + e], rows padded by one float, after the ring),
-// kSlices = block / kCols threads per column add every kSlices-th row thread's sum, and a shuffle
-// across those kSlices neighbouring lanes finishes the column (kSlices ≤ 32: vectorized layouts
-// only).
+// in flight while row k is computed, and no registers hold them. Its fp32 bias-gradient sums are
+// first added over the kWarpRows = 32 / kColThreads row threads of its warp by shuffles (lanes
+// kColThreads apart hold the same columns), then go through shared memory ([warp][tx · kVec + e],
+// rows padded by one float, after the ring); kSlices = block / kCols threads per column add every
+// kSlices-th warp's sum, and a shuffle across those kSlices neighbouring lanes finishes the column
+// (kSlices ≤ 32: vectorized layouts only).
 //
 // Measured at 256 × 16384, of a same-bytes copy (fp32 / fp16 / bf16; docs/notes/gelu.md):
 // - block shape (BiasBwdOnePass), one row at a time through registers, A/B at 0063fc5: 4 column
@@ -359,6 +360,10 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // - rows in 32 bits and pack pointers at the thread's column (A/B at 49cebed, two paired runs, and
 //   the timeline): 0.91 / 0.91 / 0.91-0.92 against 0.91-0.92 / 0.90-0.91 / 0.91; timeline bf16
 //   0.851-0.852 against 0.847-0.850, fp32 0.873-0.875 against 0.864-0.869.
+// - each warp's row threads added by shuffles before shared memory (16 sums a column instead of 64
+//   for 16-bit types; timeline and A/B at f15577f): a block's last row done → its bias gradient
+//   stored 416 → 320 ns; bench_gelu 16-bit 12.16-12.26 → 12.08-12.10 µs (0.91 / 0.91-0.92 →
+//   0.91 / 0.93 of a same-bytes copy), fp32 level (0.91).
 #ifndef FLASHEXT_GELU_ONE_PASS_STAGES
 #define FLASHEXT_GELU_ONE_PASS_STAGES 2
 #endif
@@ -377,11 +382,15 @@ constexpr int kOnePassRowThreads =
 template <typename T>
 constexpr int kOnePassThreads = BiasBwdOnePass::kColThreads * kOnePassRowThreads<T>;
 
-// Dynamic shared memory of the one-pass kernel: the ring, then the reduction's sums.
+// Row threads a warp holds, whose sums the one-pass kernel adds by shuffles.
+constexpr int kOnePassWarpRows = 32 / BiasBwdOnePass::kColThreads;
+
+// Dynamic shared memory of the one-pass kernel: the ring, then the reduction's sums, a row per warp.
 template <typename T, int kVec>
 constexpr size_t one_pass_smem_bytes() {
   constexpr size_t kRingBytes = sizeof(Pack<T, kVec>) * 2 * FLASHEXT_GELU_ONE_PASS_STAGES * kOnePassThreads<T>;
-  constexpr size_t kSumBytes = sizeof(float) * kOnePassRowThreads<T> * (BiasBwdOnePass::kColThreads * kVec + 1);
+  constexpr size_t kSumBytes =
+      sizeof(float) * (kOnePassRowThreads<T> / kOnePassWarpRows) * (BiasBwdOnePass::kColThreads * kVec + 1);
   return kRingBytes + kSumBytes;
 }
 
@@ -391,7 +400,9 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
   constexpr int kColThreads = BiasBwdOnePass::kColThreads, kRowThreads = kOnePassRowThreads<T>;
   constexpr int kThreads = kColThreads * kRowThreads, kStages = FLASHEXT_GELU_ONE_PASS_STAGES;
   constexpr int kCols = kColThreads * kVec, kSlices = kThreads / kCols;
-  static_assert(kVec > 1 && kSlices <= 32 && kRowThreads % kSlices == 0, "one lane group per column");
+  constexpr int kWarpRows = kOnePassWarpRows, kWarps = kThreads / 32;
+  static_assert(32 % kColThreads == 0 && kRowThreads % kWarpRows == 0, "a warp holds whole row threads");
+  static_assert(kVec > 1 && kSlices <= 32 && kWarps % kSlices == 0, "one lane group per column");
   static_assert(kStages >= 1 && kStages <= 6, "a slot is 32 bytes a thread: 16 KiB for 512 threads");
   using P = Pack<T, kVec>;
   FLASHEXT_GELU_TRACE(0);  // entry
@@ -402,8 +413,8 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
   const int64_t col_pack = int64_t(blockIdx.x) * kColThreads + tx;
   const bool col_valid = col_pack * kVec < args.cols;  // cols % kVec == 0
 
-  // ring[slot][0 = x, 1 = grad_out][thread], then the reduction's sums[row thread][column]:
-  // one_pass_smem_bytes<T, kVec>() of dynamic shared memory (48.3 KiB for 16-bit types, 20.1 for fp32).
+  // ring[slot][0 = x, 1 = grad_out][thread], then the reduction's sums[warp][column]:
+  // one_pass_smem_bytes<T, kVec>() of dynamic shared memory (36.1 KiB for 16-bit types, 17.0 for fp32).
   extern __shared__ __align__(16) unsigned char smem[];
   auto ring = reinterpret_cast<P(*)[2][kThreads]>(smem);
 
@@ -453,14 +464,24 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
 
   // The sums have their own bytes after the ring: a thread writes them as soon as its rows are
   // done, and one barrier (not two) stands between the last row and the reduction.
+  // The warp's row threads first, by shuffles: one row of sums per warp, a quarter of the shared
+  // memory traffic after the rows.
   auto sums = reinterpret_cast<float(*)[kCols + 1]>(smem + sizeof(P) * 2 * kStages * kThreads);
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) sums[ty][tx * kVec + e] = bias_grad[e];
-  __syncthreads();  // every row thread's sums are in shared memory
+  for (int e = 0; e < kVec; ++e) {
+#pragma unroll
+    for (int offset = kColThreads; offset < 32; offset *= 2)
+      bias_grad[e] += __shfl_xor_sync(0xffffffffu, bias_grad[e], offset);
+  }
+  if (ty % kWarpRows == 0) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) sums[ty / kWarpRows][tx * kVec + e] = bias_grad[e];
+  }
+  __syncthreads();  // every warp's sums are in shared memory
   const int col = threadIdx.x / kSlices, slice = threadIdx.x % kSlices;
   float sum = 0.0f;
 #pragma unroll
-  for (int r = slice; r < kRowThreads; r += kSlices) sum += sums[r][col];
+  for (int w = slice; w < kWarps; w += kSlices) sum += sums[w][col];
 #pragma unroll
   for (int offset = kSlices / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const int64_t out_col = int64_t(blockIdx.x) * kCols + col;
