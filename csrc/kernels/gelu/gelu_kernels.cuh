@@ -462,10 +462,10 @@ __global__ void __launch_bounds__(kOnePassThreads<T>, 1024 / kOnePassThreads<T>)
   }
   FLASHEXT_GELU_TRACE(6);  // rows done
 
-  // The sums have their own bytes after the ring: a thread writes them as soon as its rows are
-  // done, and one barrier (not two) stands between the last row and the reduction.
-  // The warp's row threads first, by shuffles: one row of sums per warp, a quarter of the shared
-  // memory traffic after the rows.
+  // The warp's row threads are added first, by shuffles: one row of sums per warp, a quarter of the
+  // shared-memory traffic after the rows. The sums have their own bytes after the ring, so a warp
+  // writes them as soon as its rows are done, and one barrier (not two) stands between the last
+  // row and the reduction.
   auto sums = reinterpret_cast<float(*)[kCols + 1]>(smem + sizeof(P) * 2 * kStages * kThreads);
 #pragma unroll
   for (int e = 0; e < kVec; ++e) {
