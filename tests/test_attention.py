@@ -59,6 +59,31 @@ def test_head_dims(dtype, head_dim):
 
 
 @requires_cuda
+@pytest.mark.parametrize("head_dim", [200, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_persistent_blocks(dtype, head_dim):
+    # Uniform work (no mask, no window, dense) with about three times the query blocks that fit on
+    # the GPU at once: the D = 256 kernel's resident blocks walk several tiles each, requesting the
+    # next tile's Q and first K during the current one's last key block (odd lengths: partial tiles).
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    seqlen_q = 64 * (3 * 2 * sms // 16 + 1) - 17  # 2 blocks per SM, 16 (batch, head) pairs
+    check(*make(2, seqlen_q, 333, 8, 2, head_dim, dtype))
+    check(*make(2, seqlen_q, 333, 8, 8, head_dim, dtype), softcap=20.0, softmax_scale=0.3)
+    check(*make(2, seqlen_q, seqlen_q, 8, 4, head_dim, dtype, packed=True))  # strided views of one qkv
+    # The same call captured in a CUDA graph and replayed.
+    q, k, v = make(2, seqlen_q, 333, 8, 2, head_dim, dtype)
+    want = flashext.flash_attention(q, k, v)
+    graph, out = torch.cuda.CUDAGraph(), None
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = flashext.flash_attention(q, k, v)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
+@requires_cuda
 @pytest.mark.parametrize("kwargs", [{"window_size": (64, 0)}, {"window_size": (-1, 17)}, {"window_size": (3, 3)},
                                     {"window_size": (0, 0)}, {"softcap": 30.0}, {"softcap": 5.0, "causal": True},
                                     {"softcap": 5.0, "window_size": (100, 10)}, {"softmax_scale": 0.02},

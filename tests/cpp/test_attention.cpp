@@ -243,6 +243,11 @@ TYPED_TEST(FlashFwdKernel, AgainstCpuReference) {
   run_case<TypeParam>({1, 40, 33, 2, 2, 256, true, -1, -1, /*softcap=*/3.0f});
   run_case<TypeParam>({1, 70, 20, 2, 1, 64, true});  // causal, Sq > Sk: rows 0..49 see no key
   run_case<TypeParam>({1, 1, 300, 2, 2, 128});  // decode-shaped
+  // Uniform work at D = 256 with more query blocks than fit at once on a 132-SM GPU (2 blocks per
+  // SM): persistent blocks, each requesting its next tile's Q and K early; GQA, partial tiles, and
+  // a head dim served by 256.
+  run_case<TypeParam>({1, 2200, 70, 8, 2, 256});
+  run_case<TypeParam>({2, 1100, 33, 8, 8, 200});
   Case varlen{0, 0, 0, 4, 2, 64, true};
   varlen.varlen_q = {0, 1, 7, 70};
   varlen.varlen_k = {3, 0, 7, 90};

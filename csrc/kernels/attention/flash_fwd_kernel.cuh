@@ -70,6 +70,12 @@
 #ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
 #define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
 #endif
+// Persistent blocks for single-buffered configs when every query block has the same work (no
+// mask, no window, no varlen): as many blocks as fit at once walk the query blocks in turn, and
+// each requests the next block's Q and first K while it finishes the current one (A/B knob).
+#ifndef FLASHEXT_FWD_PERSISTENT
+#define FLASHEXT_FWD_PERSISTENT 1
+#endif
 
 namespace flashext {
 namespace attention_detail {
@@ -100,6 +106,9 @@ struct FlashFwdConfig {
   static constexpr bool kEarlyK = FLASHEXT_FWD_EARLY_K >= 0 ? FLASHEXT_FWD_EARLY_K != 0 : kHeadDim == 256;
   static constexpr bool kRescaleAlways = FLASHEXT_FWD_RESCALE_ALWAYS >= 0 ? FLASHEXT_FWD_RESCALE_ALWAYS != 0 : kHeadDim >= 128;
   static constexpr int kSmemBytes = (kTileQ + 2 * kKVBuffers * kTileKV) * 2;
+  // Persistent blocks (FLASHEXT_FWD_PERSISTENT): single-buffered, with the O tile staged in the V
+  // buffer while the next Q and K load into theirs.
+  static constexpr bool kPersistent = FLASHEXT_FWD_PERSISTENT && !kDoubleBuffer && kTileKV >= kTileQ;
   static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
   static_assert(kThreads % kChunks == 0, "a thread copies one fixed chunk column");
   static_assert(kBlockN % (kThreads / kChunks) == 0 && kBlockM % (kThreads / kChunks) == 0,
@@ -157,8 +166,11 @@ FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_le
   }
 }
 
+// num_tiles = 0: one query block per block of a (query blocks, heads, batch) grid. num_tiles > 0
+// (Config::kPersistent, uniform work only): a 1-D grid of resident blocks walks the num_tiles
+// query blocks (query block fastest, then head, then batch) in turn.
 template <typename T, typename Config>
-__global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const FlashFwdParams p) {
+__global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const FlashFwdParams p, const int num_tiles) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kMTiles = Config::kMTiles;
   constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per row tile
@@ -168,11 +180,31 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   T* smem_k = smem_q + Config::kTileQ;  // kKVBuffers buffers each
   T* smem_v = smem_k + Config::kKVBuffers * Config::kTileKV;
 
-  // The last query blocks first: under a causal mask they have the most key blocks to visit.
-  const int m_block = gridDim.x - 1 - blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const int kv_head = head / (p.heads / p.heads_kv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad = lane % 4;
+  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;  // persistent: uniform, dense
+  // (query block, head, batch) of a persistent tile.
+  const auto tile_coords = [&](int tile, int& m_block, int& head, int& batch) {
+    m_block = tile % m_blocks;
+    head = (tile / m_blocks) % p.heads;
+    batch = tile / m_blocks / p.heads;
+  };
+  // Without Config::kPersistent the loop below runs once and compiles away.
+  const bool persistent = Config::kPersistent && num_tiles > 0;
+  bool prefetched = false;  // this tile's Q and first K were requested by the tile before it
+  for (int tile = persistent ? int(blockIdx.x) : 0; tile < (persistent ? num_tiles : 1);
+       tile += persistent ? int(gridDim.x) : 1) {
+  int m_block, head, batch;
+  if (persistent) {
+    tile_coords(tile, m_block, head, batch);
+  } else {
+    // The last query blocks first: under a causal mask they have the most key blocks to visit.
+    m_block = gridDim.x - 1 - blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  }
+  const int kv_head = head / (p.heads / p.heads_kv);
+  // The next tile's Q and first K go out during this tile's last key block (uniform tiles: the
+  // same seqlens, and key block 0 first).
+  const bool prefetch_next = persistent && tile + int(gridDim.x) < num_tiles;
 
   // This sequence's rows: dense batch or packed varlen.
   int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
@@ -194,7 +226,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     lse_offset = q_start;
   }
   const int m_start = m_block * kBlockM;
-  if (m_start >= seqlen_q) return;  // whole block past this sequence (uniform per block)
+  if (m_start >= seqlen_q) continue;  // whole block past this sequence (uniform per block)
 
   const T* q = static_cast<const T*>(p.q) + q_offset + head * p.q_head_stride + int64_t(m_start) * p.q_row_stride;
   const T* k = static_cast<const T*>(p.k) + k_offset + kv_head * p.k_head_stride;
@@ -237,7 +269,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
 
   // Prologue: Q and the first K in one cp.async group; double-buffered, the first V in a second,
   // so that the first Q Kᵀ waits only for the first group (single-buffered, V loads under Q Kᵀ).
-  if (num_n_blocks > 0) {
+  if (num_n_blocks > 0 && !prefetched) {
     load_tile<Config, kBlockM>(smem_q, q, p.q_row_stride, seqlen_q - m_start, p.head_dim);
     load_k(smem_k, n_lo);
   }
@@ -306,8 +338,22 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     // is written out at both places: as a lambda it changed the D = 64/128 machine code.)
     const auto wait_v_load_next_k = [&] {
       ptx::cp_async_wait<0>();
-      __syncthreads();  // V is in shared memory; every warp is done with K
-      if (it + 1 < num_n_blocks) load_k(smem_k, n_start + kBlockN);
+      __syncthreads();  // V is in shared memory; every warp is done with K (and Q)
+      if (it + 1 < num_n_blocks) {
+        load_k(smem_k, n_start + kBlockN);
+      } else if (prefetch_next) {  // Q and K are free: the next tile's go in
+        int next_m, next_head, next_batch;
+        tile_coords(tile + int(gridDim.x), next_m, next_head, next_batch);
+        const int next_start = next_m * kBlockM;
+        load_tile<Config, kBlockM>(smem_q,
+                                   static_cast<const T*>(p.q) + next_batch * p.q_batch_stride +
+                                       next_head * p.q_head_stride + int64_t(next_start) * p.q_row_stride,
+                                   p.q_row_stride, p.seqlen_q - next_start, p.head_dim);
+        load_tile<Config, kBlockN>(smem_k,
+                                   static_cast<const T*>(p.k) + next_batch * p.k_batch_stride +
+                                       (next_head / (p.heads / p.heads_kv)) * p.k_head_stride,
+                                   p.k_row_stride, p.seqlen_k, p.head_dim);
+      }
       ptx::cp_async_commit();
     };
     if constexpr (Config::kEarlyK) {
@@ -439,9 +485,15 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   }
 
   // Epilogue: O = acc_o / l (0 for a row that saw no key), lse = (m + log2 l) · ln 2. O goes
-  // through shared memory (the Q tile's space; each warp reuses only its own rows) so that the
-  // global stores are whole 16-byte chunks of a row.
-  ptx::cp_async_wait<0>();
+  // through shared memory (the Q tile's space, each warp reusing only its own rows; the V tile's
+  // once every warp is done with it, while the next tile's Q loads) so that the global stores are
+  // whole 16-byte chunks of a row.
+  T* const smem_o = prefetch_next ? smem_v : smem_q;
+  if (prefetch_next) {
+    __syncthreads();  // every warp is done with V; the next tile's Q and K stay in flight
+  } else {
+    ptx::cp_async_wait<0>();
+  }
   __syncwarp();
 #pragma unroll
   for (int i = 0; i < kMTiles; ++i) {
@@ -454,7 +506,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       const int tile_row = warp_row0 + 16 * i + group + 8 * r;
 #pragma unroll
       for (int t = 0; t < kDTiles; ++t) {
-        *reinterpret_cast<uint32_t*>(smem_q + swizzled<kHeadDim>(tile_row, t) + 2 * quad) =
+        *reinterpret_cast<uint32_t*>(smem_o + swizzled<kHeadDim>(tile_row, t) + 2 * quad) =
             ptx::pack2<T>(acc_o[i][t][2 * r] * inv, acc_o[i][t][2 * r + 1] * inv);
       }
       const int row = m_start + tile_row;
@@ -471,10 +523,12 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     const int tile_row = warp_row0 + id / kChunks, chunk = id % kChunks;
     const int row = m_start + tile_row;
     if (row < seqlen_q && chunk * 8 < p.head_dim) {
-      const uint4 value = *reinterpret_cast<const uint4*>(smem_q + swizzled<kHeadDim>(tile_row, chunk));
+      const uint4 value = *reinterpret_cast<const uint4*>(smem_o + swizzled<kHeadDim>(tile_row, chunk));
       *reinterpret_cast<uint4*>(o + int64_t(row) * p.o_row_stride + chunk * 8) = value;
     }
   }
+  prefetched = prefetch_next;
+  }  // tiles
 }
 
 template <typename T, int kHeadDim>
@@ -482,8 +536,21 @@ cudaError_t launch_flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   using Config = FlashFwdConfig<kHeadDim>;
   auto kernel = flash_fwd_kernel<T, Config>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
-  const dim3 grid((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, p.heads, p.batch);
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
+  const int m_blocks = (p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
+  if (Config::kPersistent && p.window_left < 0 && p.window_right < 0 && p.cu_seqlens_q == nullptr && p.seqlen_k > 0) {
+    // Every query block has the same work: persistent blocks, if there are more tiles than fit.
+    int per_sm = 0;
+    FX_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Config::kThreads,
+                                                                     Config::kSmemBytes));
+    const int64_t resident = int64_t(per_sm) * current_device_sm_count();
+    const int64_t tiles = int64_t(m_blocks) * p.heads * p.batch;
+    if (resident > 0 && tiles > resident && tiles <= INT32_MAX) {
+      kernel<<<unsigned(resident), Config::kThreads, Config::kSmemBytes, stream>>>(p, int(tiles));
+      return cudaGetLastError();
+    }
+  }
+  const dim3 grid(m_blocks, p.heads, p.batch);
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, 0);
   return cudaGetLastError();
 }
 
