@@ -5,9 +5,12 @@
 //   S = Q Kᵀ · scale · log2 e          (or softcap · tanh(Q Kᵀ · scale / softcap) · log2 e)
 //   online softmax over the key blocks: row_max m, row_sum l, acc_o rescaled by 2^(m_old − m_new)
 //   O = acc_o / l,  lse = (m + log2 l) · ln 2
-// Grid: (ceil(Sq / kBlockM), H, B), the last query block first. Block: kNWarps warps; warp w owns
-// kMTiles m16 row tiles of the block, so row statistics live in one warp (each thread holds rows
-// g and g + 8 of a tile, g = lane / 4; a row's 4 owners are one lane quad).
+// Grid: (ceil(Sq / kBlockM), H, B), the last query block first; at D = 256 with no mask, window
+// or varlen, and more query blocks than fit at once, a 1-D grid of resident blocks walks them in
+// turn instead (persistent: each requests its next tile's Q and first K during its last key block).
+// Block: kNWarps warps; warp w owns kMTiles m16 row tiles of the block, so row statistics live in
+// one warp (each thread holds rows g and g + 8 of a tile, g = lane / 4; a row's 4 owners are one
+// lane quad).
 // Shared memory (dynamic): Q kBlockM × kHeadDim, K and V 2 × kBlockN × kHeadDim each (double
 // buffered with cp.async; single-buffered at D = 256), all 16-bit: 80 KiB at D = 64, 96 KiB at
 // 128 and at 256 (two blocks per SM).
@@ -194,340 +197,343 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   bool prefetched = false;  // this tile's Q and first K were requested by the tile before it
   for (int tile = persistent ? int(blockIdx.x) : 0; tile < (persistent ? num_tiles : 1);
        tile += persistent ? int(gridDim.x) : 1) {
-  int m_block, head, batch;
-  if (persistent) {
-    tile_coords(tile, m_block, head, batch);
-  } else {
-    // The last query blocks first: under a causal mask they have the most key blocks to visit.
-    m_block = gridDim.x - 1 - blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  }
-  const int kv_head = head / (p.heads / p.heads_kv);
-  // The next tile's Q and first K go out during this tile's last key block (uniform tiles: the
-  // same seqlens, and key block 0 first).
-  const bool prefetch_next = persistent && tile + int(gridDim.x) < num_tiles;
-
-  // This sequence's rows: dense batch or packed varlen.
-  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
-  int64_t q_offset = batch * p.q_batch_stride, k_offset = batch * p.k_batch_stride;
-  int64_t v_offset = batch * p.v_batch_stride, o_offset = batch * p.o_batch_stride;
-  int64_t lse_offset = batch * p.lse_batch_stride;
-  if (p.cu_seqlens_q != nullptr) {
-    // Clamped so that no offsets, however wrong, reach outside the packed tensors.
-    const int64_t q_start = min(max(int64_t(p.cu_seqlens_q[batch]), int64_t(0)), p.total_q);
-    const int64_t k_start = min(max(int64_t(p.cu_seqlens_k[batch]), int64_t(0)), p.total_k);
-    const int64_t q_end = min(max(int64_t(p.cu_seqlens_q[batch + 1]), q_start), p.total_q);
-    const int64_t k_end = min(max(int64_t(p.cu_seqlens_k[batch + 1]), k_start), p.total_k);
-    seqlen_q = int(min(q_end - q_start, int64_t(p.seqlen_q)));
-    seqlen_k = int(min(k_end - k_start, int64_t(p.seqlen_k)));
-    q_offset = q_start * p.q_row_stride;
-    o_offset = q_start * p.o_row_stride;
-    k_offset = k_start * p.k_row_stride;
-    v_offset = k_start * p.v_row_stride;
-    lse_offset = q_start;
-  }
-  const int m_start = m_block * kBlockM;
-  if (m_start >= seqlen_q) continue;  // whole block past this sequence (uniform per block)
-
-  const T* q = static_cast<const T*>(p.q) + q_offset + head * p.q_head_stride + int64_t(m_start) * p.q_row_stride;
-  const T* k = static_cast<const T*>(p.k) + k_offset + kv_head * p.k_head_stride;
-  const T* v = static_cast<const T*>(p.v) + v_offset + kv_head * p.v_head_stride;
-
-  // Key blocks that can be visible to rows [m_start, m_start + kBlockM). Query row i sits at key
-  // column i + diag: bottom-right (diag = Sk − Sq) or top-left (diag = 0).
-  const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;
-  const int m_last = m_start + kBlockM - 1;
-  int n_lo = 0, n_hi = seqlen_k;
-  if (p.window_left >= 0) n_lo = max(0, m_start + diag - p.window_left) / kBlockN * kBlockN;
-  if (p.window_right >= 0) n_hi = min(seqlen_k, m_last + diag + p.window_right + 1);
-  const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
-
-  const bool softcap_on = p.softcap > 0.0f;
-  // Scores enter exp2 as fma(s, score_scale, −m): s is the raw Q Kᵀ (or the capped logit).
-  const float score_scale = softcap_on ? kLog2e : p.softmax_scale * kLog2e;
-  const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
-
-  // Row tile i of this warp covers block rows 16 · (kMTiles · warp + i) + [0, 16); this thread
-  // holds rows g and g + 8 of it (g = lane / 4), columns 2 · quad + {0, 1} of every n8 tile.
-  float row_max[kMTiles][2], row_sum[kMTiles][2];  // row_max in log2 units; row_sum: partial
-  float acc_o[kMTiles][kDTiles][4];
-#pragma unroll
-  for (int i = 0; i < kMTiles; ++i) {
-    row_max[i][0] = row_max[i][1] = -INFINITY;
-    row_sum[i][0] = row_sum[i][1] = 0.0f;
-#pragma unroll
-    for (int t = 0; t < kDTiles; ++t) acc_o[i][t][0] = acc_o[i][t][1] = acc_o[i][t][2] = acc_o[i][t][3] = 0.0f;
-  }
-  const int warp_row0 = 16 * kMTiles * warp;
-
-  // The K or V tile of the key block starting at n into a shared buffer.
-  const auto load_k = [&](T* dst, int n) {
-    load_tile<Config, kBlockN>(dst, k + int64_t(n) * p.k_row_stride, p.k_row_stride, seqlen_k - n, p.head_dim);
-  };
-  const auto load_v = [&](T* dst, int n) {
-    load_tile<Config, kBlockN>(dst, v + int64_t(n) * p.v_row_stride, p.v_row_stride, seqlen_k - n, p.head_dim);
-  };
-
-  // Prologue: Q and the first K in one cp.async group; double-buffered, the first V in a second,
-  // so that the first Q Kᵀ waits only for the first group (single-buffered, V loads under Q Kᵀ).
-  if (num_n_blocks > 0 && !prefetched) {
-    load_tile<Config, kBlockM>(smem_q, q, p.q_row_stride, seqlen_q - m_start, p.head_dim);
-    load_k(smem_k, n_lo);
-  }
-  ptx::cp_async_commit();
-  if (Config::kDoubleBuffer && num_n_blocks > 0) load_v(smem_v, n_lo);
-  ptx::cp_async_commit();
-
-  // ldmatrix addresses: this lane's row of each fragment, at chunk 0 or 1 (swizzled_chunk_addr
-  // reaches the other chunks). Q: rows warp_row0 + 16 · i + lane % 16; K: key rows 16 · jp + ...;
-  // V (transposed): key rows 16 · kk + ..., head-dim chunks 2 · tp + lane / 16.
-  constexpr uint32_t kRowBytes = 2 * kHeadDim;
-  const uint32_t q_base = ptx::smem_addr(smem_q) + 2 * swizzled<kHeadDim>(warp_row0 + lane % 16, lane / 16);
-  const uint32_t k_base0 = ptx::smem_addr(smem_k) + 2 * swizzled<kHeadDim>(lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
-  const uint32_t v_base0 = ptx::smem_addr(smem_v) + 2 * swizzled<kHeadDim>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
-
-  for (int it = 0; it < num_n_blocks; ++it) {
-    const int n_start = n_lo + it * kBlockN;
-    const int buffer = Config::kDoubleBuffer ? it % 2 : 0;
-    const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
-    const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
-    if (Config::kDoubleBuffer && it == 0) {
-      ptx::cp_async_wait<1>();  // Q and the first K; the first V may still be in flight
+    int m_block, head, batch;
+    if (persistent) {
+      tile_coords(tile, m_block, head, batch);
     } else {
-      ptx::cp_async_wait<0>();
+      // The last query blocks first: under a causal mask they have the most key blocks to visit.
+      m_block = gridDim.x - 1 - blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
     }
-    __syncthreads();  // this block's K (and V) is in shared memory; what the last block read is free
-    if constexpr (Config::kDoubleBuffer) {
-      if (it + 1 < num_n_blocks) {  // prefetch the next K and V tiles while this one is computed
-        const int other = (it + 1) % 2;
-        load_k(smem_k + other * Config::kTileKV, n_start + kBlockN);
-        load_v(smem_v + other * Config::kTileKV, n_start + kBlockN);
-      }
-    } else {  // this block's V loads while Q Kᵀ runs
-      load_v(smem_v, n_start);
+    const int kv_head = head / (p.heads / p.heads_kv);
+    // The next tile's Q and first K go out during this tile's last key block (uniform tiles: the
+    // same seqlens, and key block 0 first).
+    const bool prefetch_next = persistent && tile + int(gridDim.x) < num_tiles;
+
+    // This sequence's rows: dense batch or packed varlen.
+    int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+    int64_t q_offset = batch * p.q_batch_stride, k_offset = batch * p.k_batch_stride;
+    int64_t v_offset = batch * p.v_batch_stride, o_offset = batch * p.o_batch_stride;
+    int64_t lse_offset = batch * p.lse_batch_stride;
+    if (p.cu_seqlens_q != nullptr) {
+      // Clamped so that no offsets, however wrong, reach outside the packed tensors.
+      const int64_t q_start = min(max(int64_t(p.cu_seqlens_q[batch]), int64_t(0)), p.total_q);
+      const int64_t k_start = min(max(int64_t(p.cu_seqlens_k[batch]), int64_t(0)), p.total_k);
+      const int64_t q_end = min(max(int64_t(p.cu_seqlens_q[batch + 1]), q_start), p.total_q);
+      const int64_t k_end = min(max(int64_t(p.cu_seqlens_k[batch + 1]), k_start), p.total_k);
+      seqlen_q = int(min(q_end - q_start, int64_t(p.seqlen_q)));
+      seqlen_k = int(min(k_end - k_start, int64_t(p.seqlen_k)));
+      q_offset = q_start * p.q_row_stride;
+      o_offset = q_start * p.o_row_stride;
+      k_offset = k_start * p.k_row_stride;
+      v_offset = k_start * p.v_row_stride;
+      lse_offset = q_start;
+    }
+    const int m_start = m_block * kBlockM;
+    if (m_start >= seqlen_q) continue;  // whole block past this sequence (uniform per block)
+
+    const T* q = static_cast<const T*>(p.q) + q_offset + head * p.q_head_stride + int64_t(m_start) * p.q_row_stride;
+    const T* k = static_cast<const T*>(p.k) + k_offset + kv_head * p.k_head_stride;
+    const T* v = static_cast<const T*>(p.v) + v_offset + kv_head * p.v_head_stride;
+
+    // Key blocks that can be visible to rows [m_start, m_start + kBlockM). Query row i sits at key
+    // column i + diag: bottom-right (diag = Sk − Sq) or top-left (diag = 0).
+    const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;
+    const int m_last = m_start + kBlockM - 1;
+    int n_lo = 0, n_hi = seqlen_k;
+    if (p.window_left >= 0) n_lo = max(0, m_start + diag - p.window_left) / kBlockN * kBlockN;
+    if (p.window_right >= 0) n_hi = min(seqlen_k, m_last + diag + p.window_right + 1);
+    const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
+
+    const bool softcap_on = p.softcap > 0.0f;
+    // Scores enter exp2 as fma(s, score_scale, −m): s is the raw Q Kᵀ (or the capped logit).
+    const float score_scale = softcap_on ? kLog2e : p.softmax_scale * kLog2e;
+    const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
+
+    // Row tile i of this warp covers block rows 16 · (kMTiles · warp + i) + [0, 16); this thread
+    // holds rows g and g + 8 of it (g = lane / 4), columns 2 · quad + {0, 1} of every n8 tile.
+    float row_max[kMTiles][2], row_sum[kMTiles][2];  // row_max in log2 units; row_sum: partial
+    float acc_o[kMTiles][kDTiles][4];
+#pragma unroll
+    for (int i = 0; i < kMTiles; ++i) {
+      row_max[i][0] = row_max[i][1] = -INFINITY;
+      row_sum[i][0] = row_sum[i][1] = 0.0f;
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) acc_o[i][t][0] = acc_o[i][t][1] = acc_o[i][t][2] = acc_o[i][t][3] = 0.0f;
+    }
+    const int warp_row0 = 16 * kMTiles * warp;
+
+    // The K or V tile of the key block starting at n into a shared buffer.
+    const auto load_k = [&](T* dst, int n) {
+      load_tile<Config, kBlockN>(dst, k + int64_t(n) * p.k_row_stride, p.k_row_stride, seqlen_k - n, p.head_dim);
+    };
+    const auto load_v = [&](T* dst, int n) {
+      load_tile<Config, kBlockN>(dst, v + int64_t(n) * p.v_row_stride, p.v_row_stride, seqlen_k - n, p.head_dim);
+    };
+
+    // Prologue: Q and the first K in one cp.async group; double-buffered, the first V in a second,
+    // so that the first Q Kᵀ waits only for the first group (single-buffered, V loads under Q Kᵀ).
+    if (num_n_blocks > 0 && !prefetched) {
+      load_tile<Config, kBlockM>(smem_q, q, p.q_row_stride, seqlen_q - m_start, p.head_dim);
+      load_k(smem_k, n_lo);
     }
     ptx::cp_async_commit();
+    if (Config::kDoubleBuffer && num_n_blocks > 0) load_v(smem_v, n_lo);
+    ptx::cp_async_commit();
 
-    // S = Q Kᵀ for this warp's kMTiles × 16 rows × kBlockN columns.
-    float s[kMTiles][kNTiles][4];
-#pragma unroll
-    for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t q_frag[kMTiles][4];
-#pragma unroll
-      for (int i = 0; i < kMTiles; ++i) {
-        ptx::ldmatrix_x4(q_frag[i], swizzled_chunk_addr(q_base, 2 * kk) + 16 * i * kRowBytes);
+    // ldmatrix addresses: this lane's row of each fragment, at chunk 0 or 1 (swizzled_chunk_addr
+    // reaches the other chunks). Q: rows warp_row0 + 16 · i + lane % 16; K: key rows 16 · jp + ...;
+    // V (transposed): key rows 16 · kk + ..., head-dim chunks 2 · tp + lane / 16.
+    constexpr uint32_t kRowBytes = 2 * kHeadDim;
+    const uint32_t q_base = ptx::smem_addr(smem_q) + 2 * swizzled<kHeadDim>(warp_row0 + lane % 16, lane / 16);
+    const uint32_t k_base0 =
+        ptx::smem_addr(smem_k) + 2 * swizzled<kHeadDim>(lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+    const uint32_t v_base0 =
+        ptx::smem_addr(smem_v) + 2 * swizzled<kHeadDim>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
+
+    for (int it = 0; it < num_n_blocks; ++it) {
+      const int n_start = n_lo + it * kBlockN;
+      const int buffer = Config::kDoubleBuffer ? it % 2 : 0;
+      const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
+      const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
+      if (Config::kDoubleBuffer && it == 0) {
+        ptx::cp_async_wait<1>();  // Q and the first K; the first V may still be in flight
+      } else {
+        ptx::cp_async_wait<0>();
       }
-#pragma unroll
-      for (int jp = 0; jp < kNTiles / 2; ++jp) {
-        uint32_t k_frag[4];
-        ptx::ldmatrix_x4(k_frag, swizzled_chunk_addr(k_base, 2 * kk) + 16 * jp * kRowBytes);
-#pragma unroll
-        for (int i = 0; i < kMTiles; ++i) {
-          ptx::mma_16816<T>(s[i][2 * jp], q_frag[i], k_frag[0], k_frag[1]);
-          ptx::mma_16816<T>(s[i][2 * jp + 1], q_frag[i], k_frag[2], k_frag[3]);
+      __syncthreads();  // this block's K (and V) is in shared memory; what the last block read is free
+      if constexpr (Config::kDoubleBuffer) {
+        if (it + 1 < num_n_blocks) {  // prefetch the next K and V tiles while this one is computed
+          const int other = (it + 1) % 2;
+          load_k(smem_k + other * Config::kTileKV, n_start + kBlockN);
+          load_v(smem_v + other * Config::kTileKV, n_start + kBlockN);
         }
-      }
-    }
-
-    // This block's V is waited for before P V: right after Q Kᵀ (kEarlyK) or after the softmax.
-    // Single-buffered, every warp is then done with K, so the next K starts loading into it.
-    // Double-buffered, only the first block's V has a group of its own. (The double-buffered wait
-    // is written out at both places: as a lambda it changed the D = 64/128 machine code.)
-    const auto wait_v_load_next_k = [&] {
-      ptx::cp_async_wait<0>();
-      __syncthreads();  // V is in shared memory; every warp is done with K (and Q)
-      if (it + 1 < num_n_blocks) {
-        load_k(smem_k, n_start + kBlockN);
-      } else if (prefetch_next) {  // Q and K are free: the next tile's go in
-        int next_m, next_head, next_batch;
-        tile_coords(tile + int(gridDim.x), next_m, next_head, next_batch);
-        const int next_start = next_m * kBlockM;
-        load_tile<Config, kBlockM>(smem_q,
-                                   static_cast<const T*>(p.q) + next_batch * p.q_batch_stride +
-                                       next_head * p.q_head_stride + int64_t(next_start) * p.q_row_stride,
-                                   p.q_row_stride, p.seqlen_q - next_start, p.head_dim);
-        load_tile<Config, kBlockN>(smem_k,
-                                   static_cast<const T*>(p.k) + next_batch * p.k_batch_stride +
-                                       (next_head / (p.heads / p.heads_kv)) * p.k_head_stride,
-                                   p.k_row_stride, p.seqlen_k, p.head_dim);
+      } else {  // this block's V loads while Q Kᵀ runs
+        load_v(smem_v, n_start);
       }
       ptx::cp_async_commit();
-    };
-    if constexpr (Config::kEarlyK) {
-      if constexpr (!Config::kDoubleBuffer) {
-        wait_v_load_next_k();
-      } else if (it == 0) {
-        ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
-        __syncthreads();
-      }
-    }
 
-    // Soft-cap (rare: a uniform branch), then the mask, only on blocks that cross a boundary.
-    if (softcap_on) {
+      // S = Q Kᵀ for this warp's kMTiles × 16 rows × kBlockN columns.
+      float s[kMTiles][kNTiles][4];
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
-        for (int j = 0; j < kNTiles; ++j)
+        for (int j = 0; j < kNTiles; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.0f;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[i][j][e] = p.softcap * tanhf(s[i][j][e] * cap_scale);
-    }
-    const bool full_block = n_start + kBlockN <= seqlen_k &&
-                            (p.window_right < 0 || n_start + kBlockN - 1 <= m_start + diag + p.window_right) &&
-                            (p.window_left < 0 || n_start >= m_last + diag - p.window_left);
-    if (!full_block) {
-      // Per row, the visible columns are [left, right) (bottom-right or top-left aligned through
-      // diag; the glue turns windows of Sq + Sk or more into -1, so none of this overflows).
-      // Taken relative to this thread's first column, each element is one compare against a
-      // constant per bound after unrolling.
-      // Without a left window edge (causal, or the sequence end) the left test is compiled out.
-      const int col0 = n_start + 2 * quad;
-      const auto mask = [&](auto with_left) {
-        constexpr bool kWithLeft = decltype(with_left)::value;
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        uint32_t q_frag[kMTiles][4];
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i) {
+          ptx::ldmatrix_x4(q_frag[i], swizzled_chunk_addr(q_base, 2 * kk) + 16 * i * kRowBytes);
+        }
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int row = m_start + warp_row0 + 16 * i + group + 8 * r;
-            const int right = (p.window_right < 0 ? seqlen_k : min(seqlen_k, row + diag + p.window_right + 1)) - col0;
-            const int left = row + diag - p.window_left - col0;
+        for (int jp = 0; jp < kNTiles / 2; ++jp) {
+          uint32_t k_frag[4];
+          ptx::ldmatrix_x4(k_frag, swizzled_chunk_addr(k_base, 2 * kk) + 16 * jp * kRowBytes);
 #pragma unroll
-            for (int j = 0; j < kNTiles; ++j) {
+          for (int i = 0; i < kMTiles; ++i) {
+            ptx::mma_16816<T>(s[i][2 * jp], q_frag[i], k_frag[0], k_frag[1]);
+            ptx::mma_16816<T>(s[i][2 * jp + 1], q_frag[i], k_frag[2], k_frag[3]);
+          }
+        }
+      }
+
+      // This block's V is waited for before P V: right after Q Kᵀ (kEarlyK) or after the softmax.
+      // Single-buffered, every warp is then done with K, so the next K starts loading into it.
+      // Double-buffered, only the first block's V has a group of its own. (The double-buffered wait
+      // is written out at both places: as a lambda it changed the D = 64/128 machine code.)
+      const auto wait_v_load_next_k = [&] {
+        ptx::cp_async_wait<0>();
+        __syncthreads();  // V is in shared memory; every warp is done with K (and Q)
+        if (it + 1 < num_n_blocks) {
+          load_k(smem_k, n_start + kBlockN);
+        } else if (prefetch_next) {  // Q and K are free: the next tile's go in
+          int next_m, next_head, next_batch;
+          tile_coords(tile + int(gridDim.x), next_m, next_head, next_batch);
+          const int next_start = next_m * kBlockM;
+          load_tile<Config, kBlockM>(smem_q,
+                                     static_cast<const T*>(p.q) + next_batch * p.q_batch_stride +
+                                         next_head * p.q_head_stride + int64_t(next_start) * p.q_row_stride,
+                                     p.q_row_stride, p.seqlen_q - next_start, p.head_dim);
+          load_tile<Config, kBlockN>(smem_k,
+                                     static_cast<const T*>(p.k) + next_batch * p.k_batch_stride +
+                                         (next_head / (p.heads / p.heads_kv)) * p.k_head_stride,
+                                     p.k_row_stride, p.seqlen_k, p.head_dim);
+        }
+        ptx::cp_async_commit();
+      };
+      if constexpr (Config::kEarlyK) {
+        if constexpr (!Config::kDoubleBuffer) {
+          wait_v_load_next_k();
+        } else if (it == 0) {
+          ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
+          __syncthreads();
+        }
+      }
+
+      // Soft-cap (rare: a uniform branch), then the mask, only on blocks that cross a boundary.
+      if (softcap_on) {
 #pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                if (8 * j + e >= right || (kWithLeft && 8 * j + e < left)) s[i][j][2 * r + e] = -INFINITY;
+        for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[i][j][e] = p.softcap * tanhf(s[i][j][e] * cap_scale);
+      }
+      const bool full_block = n_start + kBlockN <= seqlen_k &&
+                              (p.window_right < 0 || n_start + kBlockN - 1 <= m_start + diag + p.window_right) &&
+                              (p.window_left < 0 || n_start >= m_last + diag - p.window_left);
+      if (!full_block) {
+        // Per row, the visible columns are [left, right) (bottom-right or top-left aligned through
+        // diag; the glue turns windows of Sq + Sk or more into -1, so none of this overflows).
+        // Taken relative to this thread's first column, each element is one compare against a
+        // constant per bound after unrolling.
+        // Without a left window edge (causal, or the sequence end) the left test is compiled out.
+        const int col0 = n_start + 2 * quad;
+        const auto mask = [&](auto with_left) {
+          constexpr bool kWithLeft = decltype(with_left)::value;
+#pragma unroll
+          for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int row = m_start + warp_row0 + 16 * i + group + 8 * r;
+              const int right =
+                  (p.window_right < 0 ? seqlen_k : min(seqlen_k, row + diag + p.window_right + 1)) - col0;
+              const int left = row + diag - p.window_left - col0;
+#pragma unroll
+              for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  if (8 * j + e >= right || (kWithLeft && 8 * j + e < left)) s[i][j][2 * r + e] = -INFINITY;
+                }
               }
             }
           }
-        }
-      };
-      if (p.window_left < 0) {
-        mask(std::false_type{});
-      } else {
-        mask(std::true_type{});
-      }
-    }
-
-    // Online softmax per row: new max (the row's 4 owners are one lane quad), P = 2^(s·c − m),
-    // rescale what was accumulated under the old max.
-#pragma unroll
-    for (int i = 0; i < kMTiles; ++i) {
-      float row_alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        // One chain per row for the max and the sum: measured level with or slightly ahead of
-        // 2-4 interleaved partial chains plus a tree (docs/notes/attention.md, v4).
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < kNTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(row_max[i][r], tile_max * score_scale);
-        const float alpha = rescale_factor(row_max[i][r], new_max);  // 2^(m_old − m_new), 0 if empty
-        const float base = safe_row_max(new_max);
-        float tile_sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            s[i][j][e] = ptx::exp2_approx(fmaf(s[i][j][e], score_scale, -base));  // −inf → 0
-            tile_sum += s[i][j][e];
-          }
-        }
-        row_sum[i][r] = row_sum[i][r] * alpha + tile_sum;
-        row_max[i][r] = new_max;
-        row_alpha[r] = alpha;
-      }
-      // Once the row maxima settle, most key blocks leave them unchanged: skip the rescale of
-      // the accumulator when no row of this tile in the warp moved (a warp-uniform branch).
-      if (Config::kRescaleAlways || __any_sync(0xffffffffu, row_alpha[0] != 1.0f || row_alpha[1] != 1.0f)) {
-#pragma unroll
-        for (int t = 0; t < kDTiles; ++t) {
-          acc_o[i][t][0] *= row_alpha[0];
-          acc_o[i][t][1] *= row_alpha[0];
-          acc_o[i][t][2] *= row_alpha[1];
-          acc_o[i][t][3] *= row_alpha[1];
+        };
+        if (p.window_left < 0) {
+          mask(std::false_type{});
+        } else {
+          mask(std::true_type{});
         }
       }
-    }
 
-    if constexpr (!Config::kDoubleBuffer && !Config::kEarlyK) {
-      wait_v_load_next_k();
-    } else if (Config::kDoubleBuffer && !Config::kEarlyK && it == 0) {
-      ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
-      __syncthreads();
-    }
-
-    // O += P V: P's accumulator layout is already the A-fragment layout (two n8 tiles = one k16).
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t p_frag[kMTiles][4];
+      // Online softmax per row: new max (the row's 4 owners are one lane quad), P = 2^(s·c − m),
+      // rescale what was accumulated under the old max.
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
-        p_frag[i][0] = ptx::pack2<T>(s[i][2 * kk][0], s[i][2 * kk][1]);
-        p_frag[i][1] = ptx::pack2<T>(s[i][2 * kk][2], s[i][2 * kk][3]);
-        p_frag[i][2] = ptx::pack2<T>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
-        p_frag[i][3] = ptx::pack2<T>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
-      }
+        float row_alpha[2];
 #pragma unroll
-      for (int tp = 0; tp < kDTiles / 2; ++tp) {
-        uint32_t v_frag[4];
-        ptx::ldmatrix_x4_trans(v_frag, swizzled_chunk_addr(v_base, 2 * tp) + 16 * kk * kRowBytes);
+        for (int r = 0; r < 2; ++r) {
+          // One chain per row for the max and the sum: measured level with or slightly ahead of
+          // 2-4 interleaved partial chains plus a tree (docs/notes/attention.md, v4).
+          float tile_max = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          const float new_max = fmaxf(row_max[i][r], tile_max * score_scale);
+          const float alpha = rescale_factor(row_max[i][r], new_max);  // 2^(m_old − m_new), 0 if empty
+          const float base = safe_row_max(new_max);
+          float tile_sum = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+              s[i][j][e] = ptx::exp2_approx(fmaf(s[i][j][e], score_scale, -base));  // −inf → 0
+              tile_sum += s[i][j][e];
+            }
+          }
+          row_sum[i][r] = row_sum[i][r] * alpha + tile_sum;
+          row_max[i][r] = new_max;
+          row_alpha[r] = alpha;
+        }
+        // Once the row maxima settle, most key blocks leave them unchanged: skip the rescale of
+        // the accumulator when no row of this tile in the warp moved (a warp-uniform branch).
+        if (Config::kRescaleAlways || __any_sync(0xffffffffu, row_alpha[0] != 1.0f || row_alpha[1] != 1.0f)) {
+#pragma unroll
+          for (int t = 0; t < kDTiles; ++t) {
+            acc_o[i][t][0] *= row_alpha[0];
+            acc_o[i][t][1] *= row_alpha[0];
+            acc_o[i][t][2] *= row_alpha[1];
+            acc_o[i][t][3] *= row_alpha[1];
+          }
+        }
+      }
+
+      if constexpr (!Config::kDoubleBuffer && !Config::kEarlyK) {
+        wait_v_load_next_k();
+      } else if (Config::kDoubleBuffer && !Config::kEarlyK && it == 0) {
+        ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
+        __syncthreads();
+      }
+
+      // O += P V: P's accumulator layout is already the A-fragment layout (two n8 tiles = one k16).
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t p_frag[kMTiles][4];
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i) {
-          ptx::mma_16816<T>(acc_o[i][2 * tp], p_frag[i], v_frag[0], v_frag[1]);
-          ptx::mma_16816<T>(acc_o[i][2 * tp + 1], p_frag[i], v_frag[2], v_frag[3]);
+          p_frag[i][0] = ptx::pack2<T>(s[i][2 * kk][0], s[i][2 * kk][1]);
+          p_frag[i][1] = ptx::pack2<T>(s[i][2 * kk][2], s[i][2 * kk][3]);
+          p_frag[i][2] = ptx::pack2<T>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+          p_frag[i][3] = ptx::pack2<T>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int tp = 0; tp < kDTiles / 2; ++tp) {
+          uint32_t v_frag[4];
+          ptx::ldmatrix_x4_trans(v_frag, swizzled_chunk_addr(v_base, 2 * tp) + 16 * kk * kRowBytes);
+#pragma unroll
+          for (int i = 0; i < kMTiles; ++i) {
+            ptx::mma_16816<T>(acc_o[i][2 * tp], p_frag[i], v_frag[0], v_frag[1]);
+            ptx::mma_16816<T>(acc_o[i][2 * tp + 1], p_frag[i], v_frag[2], v_frag[3]);
+          }
         }
       }
     }
-  }
 
-  // Epilogue: O = acc_o / l (0 for a row that saw no key), lse = (m + log2 l) · ln 2. O goes
-  // through shared memory (the Q tile's space, each warp reusing only its own rows; the V tile's
-  // once every warp is done with it, while the next tile's Q loads) so that the global stores are
-  // whole 16-byte chunks of a row.
-  T* const smem_o = prefetch_next ? smem_v : smem_q;
-  if (prefetch_next) {
-    __syncthreads();  // every warp is done with V; the next tile's Q and K stay in flight
-  } else {
-    ptx::cp_async_wait<0>();
-  }
-  __syncwarp();
+    // Epilogue: O = acc_o / l (0 for a row that saw no key), lse = (m + log2 l) · ln 2. O goes
+    // through shared memory (the Q tile's space, each warp reusing only its own rows; the V tile's
+    // once every warp is done with it, while the next tile's Q loads) so that the global stores are
+    // whole 16-byte chunks of a row.
+    T* const smem_o = prefetch_next ? smem_v : smem_q;
+    if (prefetch_next) {
+      __syncthreads();  // every warp is done with V; the next tile's Q and K stay in flight
+    } else {
+      ptx::cp_async_wait<0>();
+    }
+    __syncwarp();
 #pragma unroll
-  for (int i = 0; i < kMTiles; ++i) {
+    for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float total = row_sum[i][r];
-      total += __shfl_xor_sync(0xffffffffu, total, 1);
-      total += __shfl_xor_sync(0xffffffffu, total, 2);
-      const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-      const int tile_row = warp_row0 + 16 * i + group + 8 * r;
+      for (int r = 0; r < 2; ++r) {
+        float total = row_sum[i][r];
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        const int tile_row = warp_row0 + 16 * i + group + 8 * r;
 #pragma unroll
-      for (int t = 0; t < kDTiles; ++t) {
-        *reinterpret_cast<uint32_t*>(smem_o + swizzled<kHeadDim>(tile_row, t) + 2 * quad) =
-            ptx::pack2<T>(acc_o[i][t][2 * r] * inv, acc_o[i][t][2 * r + 1] * inv);
+        for (int t = 0; t < kDTiles; ++t) {
+          *reinterpret_cast<uint32_t*>(smem_o + swizzled<kHeadDim>(tile_row, t) + 2 * quad) =
+              ptx::pack2<T>(acc_o[i][t][2 * r] * inv, acc_o[i][t][2 * r + 1] * inv);
+        }
+        const int row = m_start + tile_row;
+        if (p.lse != nullptr && quad == 0 && row < seqlen_q) {
+          p.lse[lse_offset + int64_t(head) * p.lse_head_stride + row] = row_lse({row_max[i][r], total});
+        }
       }
+    }
+    __syncwarp();
+    T* o = static_cast<T*>(p.o) + o_offset + head * p.o_head_stride;
+    constexpr int kWarpRows = 16 * kMTiles, kChunks = Config::kChunks;
+#pragma unroll
+    for (int id = lane; id < kWarpRows * kChunks; id += 32) {
+      const int tile_row = warp_row0 + id / kChunks, chunk = id % kChunks;
       const int row = m_start + tile_row;
-      if (p.lse != nullptr && quad == 0 && row < seqlen_q) {
-        p.lse[lse_offset + int64_t(head) * p.lse_head_stride + row] = row_lse({row_max[i][r], total});
+      if (row < seqlen_q && chunk * 8 < p.head_dim) {
+        const uint4 value = *reinterpret_cast<const uint4*>(smem_o + swizzled<kHeadDim>(tile_row, chunk));
+        *reinterpret_cast<uint4*>(o + int64_t(row) * p.o_row_stride + chunk * 8) = value;
       }
     }
-  }
-  __syncwarp();
-  T* o = static_cast<T*>(p.o) + o_offset + head * p.o_head_stride;
-  constexpr int kWarpRows = 16 * kMTiles, kChunks = Config::kChunks;
-#pragma unroll
-  for (int id = lane; id < kWarpRows * kChunks; id += 32) {
-    const int tile_row = warp_row0 + id / kChunks, chunk = id % kChunks;
-    const int row = m_start + tile_row;
-    if (row < seqlen_q && chunk * 8 < p.head_dim) {
-      const uint4 value = *reinterpret_cast<const uint4*>(smem_o + swizzled<kHeadDim>(tile_row, chunk));
-      *reinterpret_cast<uint4*>(o + int64_t(row) * p.o_row_stride + chunk * 8) = value;
-    }
-  }
-  prefetched = prefetch_next;
+    prefetched = prefetch_next;
   }  // tiles
 }
 
@@ -544,7 +550,7 @@ cudaError_t launch_flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
                                                                      Config::kSmemBytes));
     const int64_t resident = int64_t(per_sm) * current_device_sm_count();
     const int64_t tiles = int64_t(m_blocks) * p.heads * p.batch;
-    if (resident > 0 && tiles > resident && tiles <= INT32_MAX) {
+    if (resident > 0 && tiles > resident && tiles <= INT32_MAX - resident) {
       kernel<<<unsigned(resident), Config::kThreads, Config::kSmemBytes, stream>>>(p, int(tiles));
       return cudaGetLastError();
     }
