@@ -545,9 +545,14 @@ cudaError_t launch_flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   const int m_blocks = (p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
   if (Config::kPersistent && p.window_left < 0 && p.window_right < 0 && p.cu_seqlens_q == nullptr && p.seqlen_k > 0) {
     // Every query block has the same work: persistent blocks, if there are more tiles than fit.
-    int per_sm = 0;
-    FX_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Config::kThreads,
-                                                                     Config::kSmemBytes));
+    // How many fit is this kernel's occupancy on the device, queried once per device.
+    static PerDeviceValue blocks_per_sm;
+    const int per_sm = blocks_per_sm.get([&](int) {
+      int blocks = 0;
+      const cudaError_t err =
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Config::kThreads, Config::kSmemBytes);
+      return err == cudaSuccess ? blocks : 0;
+    });
     const int64_t resident = int64_t(per_sm) * current_device_sm_count();
     const int64_t tiles = int64_t(m_blocks) * p.heads * p.batch;
     if (resident > 0 && tiles > resident && tiles <= INT32_MAX - resident) {

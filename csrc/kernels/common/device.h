@@ -3,9 +3,34 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 
 namespace flashext {
+
+// A value that is a property of the device (an SM count, a kernel's occupancy), queried once per
+// device: get(query) returns the current device's cached value, calling query(device) the first
+// time. 0 (and nothing cached) when the device or the query fails. Host calls only, no
+// synchronisation: safe during CUDA-graph capture.
+class PerDeviceValue {
+ public:
+  template <typename Query>
+  int get(Query&& query) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 0;
+    if (device < kMaxDevices) {
+      const int cached = values_[device].load(std::memory_order_relaxed);
+      if (cached > 0) return cached;
+    }
+    const int value = query(device);
+    if (value > 0 && device < kMaxDevices) values_[device].store(value, std::memory_order_relaxed);
+    return value;
+  }
+
+ private:
+  static constexpr int kMaxDevices = 64;
+  std::atomic<int> values_[kMaxDevices] = {};
+};
 
 // Number of streaming multiprocessors of the current device, cached per device (queried once;
 // no synchronisation, safe during CUDA-graph capture). Returns 0 when the query fails.
