@@ -105,6 +105,9 @@ def section_add_bwd(sizes, rows):
 
 BIAS_SHAPES = [(8192, 16384), (256, 16384)]
 # FLASHEXT_BENCH_BIAS_ROWS="256" keeps only the bias shapes with those row counts (A/B runs).
+# FLASHEXT_BENCH_BIAS_SHAPES="1024x16384,2048x16384" replaces them (A/B runs).
+if os.environ.get("FLASHEXT_BENCH_BIAS_SHAPES"):
+    BIAS_SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["FLASHEXT_BENCH_BIAS_SHAPES"].split(",")]
 if os.environ.get("FLASHEXT_BENCH_BIAS_ROWS"):
     BIAS_SHAPES = [s for s in BIAS_SHAPES if str(s[0]) in os.environ["FLASHEXT_BENCH_BIAS_ROWS"].split(",")]
 

@@ -175,6 +175,17 @@ def test_bias_gelu_many_rows(dtype):
 @requires_cuda
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_bias_gelu_many_waves(dtype, approximate):
+    # 33 column segments x 257 row groups at 4 rows: over 8 waves, so the vectorized fp32 forward
+    # keeps 4 rows in flight per thread (bias_gelu_fwd_rows_fp32); a part-filled last segment and
+    # row group, then strided rows
+    check_bias_gelu(randn(8195, 4100, dtype=dtype), randn(4100, dtype=dtype), approximate)
+    check_bias_gelu(randn(8195, 4104, dtype=dtype)[:, :4100], randn(4100, dtype=dtype), approximate)
+
+
+@requires_cuda
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_bias_gelu_few_rows_one_pass(dtype, approximate):
     # up to 1024 rows of wide, aligned columns: the backward's one-launch path (a block per column
     # strip walks every row); 16008 columns leave a part-filled last strip, 67 rows a part-filled

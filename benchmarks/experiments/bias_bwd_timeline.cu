@@ -7,7 +7,7 @@
 // before every launch, as bench_gelu does. Standalone: CUDA runtime only.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/kernels -Icsrc/include \
-//        benchmarks/experiments/bias_bwd_timeline.cu -o /tmp/timeline && /tmp/timeline [rows] [dtype: bf16|fp32]
+//        benchmarks/experiments/bias_bwd_timeline.cu -o /tmp/timeline && /tmp/timeline [rows] [dtype: bf16|fp16|fp32]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -67,6 +67,16 @@ __global__ void touch_smem() {
   if (threadIdx.x == 0) reinterpret_cast<volatile unsigned*>(scratch)[0] = 0u;
 }
 
+// Diagnostic (FLASHEXT_TIMELINE_CLEAN_FLUSH=1): L2 flushed by reading the 256 MB buffer instead of
+// writing it, so the lines the launch evicts are clean (a memset leaves them dirty, to be written
+// back as the launch allocates its own).
+__global__ void read_flush(const uint4* p, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    acc ^= p[i].x ^ p[i].w;
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 __global__ void spin(long long cycles) {
   const long long start = clock64();
   while (clock64() - start < cycles) {
@@ -103,7 +113,7 @@ static float median(std::vector<float> v) {
 }
 
 template <typename T>
-int run(int64_t rows, int64_t cols) {
+int run(int64_t rows, int64_t cols, const char* dtype_name) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kThreads = kOnePassThreads<T>;
   const int64_t n = rows * cols;
@@ -129,6 +139,8 @@ int run(int64_t rows, int64_t cols) {
   CHECK(allow_dynamic_smem(kernel, kSmem));
   CHECK(allow_dynamic_smem(touch_smem, kSmem));
   const bool preconfig = getenv("FLASHEXT_TIMELINE_PRECONFIG") && atoi(getenv("FLASHEXT_TIMELINE_PRECONFIG")) != 0;
+  const bool clean_flush = getenv("FLASHEXT_TIMELINE_CLEAN_FLUSH") && atoi(getenv("FLASHEXT_TIMELINE_CLEAN_FLUSH")) != 0;
+  if (clean_flush) printf("clean flush: L2 flushed by reading 256 MB (clean lines), not by a memset\n");
   if (preconfig) printf("preconfig: %zu B of dynamic shared memory taken on every SM before each launch\n", kSmem);
   void* trace_ptr;
   CHECK(cudaGetSymbolAddress(&trace_ptr, g_trace));
@@ -148,7 +160,9 @@ int run(int64_t rows, int64_t cols) {
     std::vector<std::vector<float>> pct(kEvents * 5), tails(4);
     for (int it = 0; it < iters; ++it) {
       spin<<<1, 1>>>(100000);
-      CHECK(cudaMemsetAsync(flush, it & 0xff, size_t(256) << 20));
+      if (clean_flush) read_flush<<<1056, 512>>>(reinterpret_cast<const uint4*>(flush), (size_t(256) << 20) / 16,
+                                                 reinterpret_cast<unsigned*>(flush));
+      else CHECK(cudaMemsetAsync(flush, it & 0xff, size_t(256) << 20));
       if (preconfig) touch_smem<<<264, 32, kSmem>>>();
       if (trace_blocks > 0) CHECK(cudaMemsetAsync(trace_ptr, 0, host.size() * sizeof(unsigned long long)));
       CHECK(cudaEventRecord(start));
@@ -224,7 +238,7 @@ int run(int64_t rows, int64_t cols) {
 
   const int blocks = int((cols + kVec * BiasBwdOnePass::kColThreads - 1) / (kVec * BiasBwdOnePass::kColThreads));
   printf("%s %lld x %lld: one-pass backward %d blocks x %d threads, %zu B shared memory\n",
-         sizeof(T) == 2 ? "bf16" : "fp32", (long long)rows, (long long)cols, blocks, kThreads, kSmem);
+         dtype_name, (long long)rows, (long long)cols, blocks, kThreads, kSmem);
   const float copy_ms = measure("same-bytes copy", [&] { CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 0, 0);
   const int64_t packs = n / kVec;
   const int add_blocks = int((packs + 255) / 256);
@@ -251,6 +265,8 @@ int run(int64_t rows, int64_t cols) {
 
 int main(int argc, char** argv) {
   const int64_t rows = argc > 1 ? atoll(argv[1]) : 256;
-  const bool fp32 = argc > 2 && strcmp(argv[2], "fp32") == 0;
-  return fp32 ? run<float>(rows, 16384) : run<__nv_bfloat16>(rows, 16384);
+  const char* dtype = argc > 2 ? argv[2] : "bf16";
+  if (strcmp(dtype, "fp32") == 0) return run<float>(rows, 16384, dtype);
+  if (strcmp(dtype, "fp16") == 0) return run<__half>(rows, 16384, dtype);
+  return run<__nv_bfloat16>(rows, 16384, "bf16");
 }

@@ -206,6 +206,17 @@ TEST(BiasGeluPlan, OneWaveForwardsTakeTheRing) {
   EXPECT_FALSE(flashext::bias_gelu_fwd_ring(scalar, 132));
 }
 
+TEST(BiasGeluPlan, Fp32ForwardTakesFourRowsOverManyWaves) {
+  // 8192 x 16384 (bench_gelu's large shape): 128 x 256 = 32768 blocks at 4 rows, 62 waves of 4 per SM
+  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(8192, 16384, 4, 132), flashext::kBiasRowUnrollManyWaves);
+  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(256, 16384, 4, 132), 2);  // 1024 blocks: two waves
+  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(8192, 16384, 1, 132), 2);  // unaligned: the scalar kernel
+  // the line: 8 waves of 4 blocks on 132 SMs = 4224 blocks = 33 column segments x 128 row groups
+  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(4096, 33 * 128, 4, 132), flashext::kBiasRowUnrollManyWaves);
+  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(4064, 33 * 128, 4, 132), 2);  // 127 row groups
+  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(4064, 33 * 128, 4, 100), flashext::kBiasRowUnrollManyWaves);
+}
+
 TEST(BiasGeluPlan, FewRowsOfWideColumnsTakeOnePass) {
   if (!flashext::bias_gelu_bwd_one_pass_enabled()) GTEST_SKIP() << "built with FLASHEXT_GELU_BIAS_BWD_ONE_PASS=0";
   // 256 x 16384 (bench_gelu's small shape): 256 strips of 64 columns (16-bit), 512 of 32 (fp32)
@@ -424,6 +435,10 @@ TYPED_TEST(GeluKernels, BiasGeluAgainstCpuReference) {
   // its register path (every smaller case above fits in one wave: the cp.async ring,
   // bias_gelu_fwd_ring); 8195 rows leave a part-filled last row group.
   run_bias_gelu_case<TypeParam>(8195, 1024, 1024, GeluApprox::kNone);
+  // 33 x 257 blocks at 4 rows: over 8 waves on GPUs with up to 265 SMs, so the vectorized fp32
+  // forward keeps 4 rows in flight (bias_gelu_fwd_rows_fp32); a part-filled last column segment
+  // (4100 = 32 x 128 + 4) and row group (8195 = 256 x 32 + 3), strided rows.
+  run_bias_gelu_case<TypeParam>(8195, 4100, 4104, GeluApprox::kTanh);
   // Few rows of wide aligned columns: the backward in one launch (BiasBwdOnePass) on GPUs with up
   // to 251 SMs; 16008 columns leave a part-filled last strip, 67 rows a part-filled row batch.
   run_bias_gelu_case<TypeParam>(67, 16008, 16008, GeluApprox::kNone);

@@ -70,8 +70,8 @@ struct BiasGeluBwdParams {
 // How a rows × cols launch is cut. Pure host logic, unit-tested on the CPU.
 // A block is kColThreads × kRowThreads threads: threadIdx.x walks vec-wide column packs of one
 // column segment (blockIdx.x), threadIdx.y the rows of one row group (blockIdx.y), row_unroll
-// rows in flight at a time (2 for the fp32 forward, whose one 16-byte load per thread left too
-// few bytes in flight to reach the copy rate; 4 for the 16-bit forward, through a cp.async ring
+// rows in flight at a time (2 or 4 for the fp32 forward, whose one 16-byte load per thread left
+// too few bytes in flight to reach the copy rate: bias_gelu_fwd_rows_fp32; 4 for the 16-bit forward, through a cp.async ring
 // in one-wave grids (bias_gelu_fwd_ring); 1 for the backward). The backward kernel reduces its
 // block's rows in shared memory and writes one fp32 partial row per row group, which a second
 // kernel sums.
@@ -94,6 +94,15 @@ RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_g
 // the ring's 0.87-0.91), so it keeps that case.
 constexpr int kBiasFwdBlocksPerSm = 4;
 bool bias_gelu_fwd_ring(const RowColPlan& plan, int sm_count);
+
+// Rows in flight per thread of the fp32 forward: kBiasRowUnrollManyWaves (4, at 4 blocks per SM)
+// when the layout is vectorized and that plan's grid is at least kBiasFwdManyWaves waves, else 2
+// (6 blocks per SM). Measured at 7145978 (of a same-bytes copy): 8192 × 16384 (62 waves at 4 rows)
+// 0.96 → 0.98 with 4 rows; 256 × 16384 (2 waves) 0.95-0.97 with 2 rows, 0.95 with 4 (14.0 against
+// 14.4 µs). Where between them 4 rows start to win was not measured; 8 waves is the guess.
+constexpr int kBiasRowUnrollManyWaves = 4;
+constexpr int kBiasFwdManyWaves = 8;
+int bias_gelu_fwd_rows_fp32(int64_t rows, int64_t cols, int vec, int sm_count);
 
 // 16 bytes when the pointers (all 16-byte aligned), cols and the row stride allow it, else 1.
 int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int64_t x_row_stride,

@@ -15,6 +15,14 @@ cudaError_t run_add_gelu_fwd(const AddGeluParams& p, cudaStream_t stream) {
   });
 }
 
+// A/B knob: FLASHEXT_GELU_BIAS_ROWS_32 = 2 or 4 fixes the vectorized fp32 forward's rows in flight
+// (0: bias_gelu_fwd_rows_fp32 chooses).
+#ifndef FLASHEXT_GELU_BIAS_ROWS_32
+#define FLASHEXT_GELU_BIAS_ROWS_32 0
+#endif
+static_assert(FLASHEXT_GELU_BIAS_ROWS_32 == 0 || FLASHEXT_GELU_BIAS_ROWS_32 == 2 ||
+              FLASHEXT_GELU_BIAS_ROWS_32 == kBiasRowUnrollManyWaves, "FLASHEXT_GELU_BIAS_ROWS_32: 0, 2 or 4");
+
 cudaError_t run_bias_gelu_fwd(const BiasGeluParams& p, cudaStream_t stream) {
   if (p.rows < 0 || p.cols < 0 || p.x_row_stride < p.cols) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
@@ -22,11 +30,18 @@ cudaError_t run_bias_gelu_fwd(const BiasGeluParams& p, cudaStream_t stream) {
   const int vec = bias_gelu_vec_width(ptrs, 3, p.cols, p.x_row_stride, p.dtype);
   return dispatch_dtype(p.dtype, [&](auto type_tag) {
     using T = decltype(type_tag);
-    const RowColPlan plan =
-        plan_bias_gelu(p.rows, p.cols, vec, /*max_row_groups=*/INT64_MAX, kBiasRowUnroll<T, /*kBackward=*/false>);
+    int row_unroll = kBiasRowUnroll<T, /*kBackward=*/false>;
+    if constexpr (sizeof(T) == 4) {
+#if FLASHEXT_GELU_BIAS_ROWS_32
+      row_unroll = vec > 1 ? FLASHEXT_GELU_BIAS_ROWS_32 : row_unroll;
+#else
+      row_unroll = bias_gelu_fwd_rows_fp32(p.rows, p.cols, vec, current_device_sm_count());
+#endif
+    }
+    const RowColPlan plan = plan_bias_gelu(p.rows, p.cols, vec, /*max_row_groups=*/INT64_MAX, row_unroll);
     const RowColArgs args{nullptr, p.x, p.bias, p.out, nullptr, p.rows, p.cols, p.x_row_stride,
                           plan.rows_per_block, p.approximate == GeluApprox::kTanh};
-    return launch_bias_gelu<T, /*kBackward=*/false>(args, plan, stream);
+    return launch_bias_gelu<T, /*kBackward=*/false>(args, plan, row_unroll, stream);
   });
 }
 

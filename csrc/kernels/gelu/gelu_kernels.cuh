@@ -174,21 +174,24 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
   }
 }
 
-// Rows in flight per thread (RowColPlan): 2 for the fp32 forward (memory-bound, one 16-byte load
-// per row), 4 for the 16-bit forward (with the erff-free Φ it is memory-bound too; A/B at 6aab2cc,
-// 8192 × 16384: 1 row 0.78-0.79 of copy, 2 rows 0.87, 4 rows 0.93), 1 for the backward, where the
-// math sets the pace. FLASHEXT_GELU_BIAS_ROWS_16 (1, 2 or 4) sets the 16-bit forward's.
+// Rows in flight per thread (RowColPlan): for the fp32 forward (memory-bound, one 16-byte load
+// per row) 2, or 4 over many waves (bias_gelu_fwd_rows_fp32: A/B at 7145978, 8192 × 16384, 268 →
+// 262 µs, 0.96 → 0.98 of a same-bytes copy; at 256 × 16384, two waves, 14.0 → 14.4 µs); 4 for the
+// 16-bit forward (with the erff-free Φ it is memory-bound too; A/B at 6aab2cc, 8192 × 16384: 1 row
+// 0.78-0.79 of copy, 2 rows 0.87, 4 rows 0.93); 1 for the backward, where the math sets the pace.
+// FLASHEXT_GELU_BIAS_ROWS_16 (1, 2 or 4) sets the 16-bit forward's.
 #ifndef FLASHEXT_GELU_BIAS_ROWS_16
 #define FLASHEXT_GELU_BIAS_ROWS_16 4
 #endif
 template <typename T, bool kBackward>
 constexpr int kBiasRowUnroll = kBackward ? 1 : sizeof(T) == 4 ? 2 : FLASHEXT_GELU_BIAS_ROWS_16;
 // Resident blocks per SM for the bias kernels (register cap, as for the flat kernel): 6 (42
-// registers) for one row in flight; 16-bit rows in flight need more registers each: 2 rows fit 5
-// blocks (at 6 the bf16 kernel spills 14 bytes), 4 rows 4 blocks.
-template <typename T, bool kBackward>
-constexpr int kRowColMinBlocks = kBackward || kBiasRowUnroll<T, kBackward> >= 4 ? 4
-                                 : sizeof(T) == 2 && kBiasRowUnroll<T, kBackward> == 2 ? 5 : 6;
+// registers) for one row in flight and for the fp32 forward's 2 (40 registers); 16-bit rows in
+// flight need more registers each: 2 rows fit 5 blocks (at 6 the bf16 kernel spills 14 bytes);
+// 4 rows 4 blocks (the fp32 forward's 4 rows spill 56 bytes at 6 blocks, 12 at 5; A/B at 7145978:
+// 2 rows at 8 blocks (8 bytes spilled) 1-5% slower, 3 rows at 5 blocks between 2 and 4).
+template <typename T, bool kBackward, int kRowUnroll>
+constexpr int kRowColMinBlocks = kBackward || kRowUnroll >= 4 ? 4 : sizeof(T) == 2 && kRowUnroll == 2 ? 5 : 6;
 
 // kRing (16-bit forward, one-wave grids: bias_gelu_fwd_ring): each thread streams its rows through
 // a private ring of kRowUnroll shared-memory slots filled by cp.async, one commit group per row, so
@@ -199,13 +202,13 @@ constexpr int kRowColMinBlocks = kBackward || kBiasRowUnroll<T, kBackward> >= 4 
 // streamed) 0.97 / 0.94. Over many waves the register path is faster (8192 × 16384 with the ring:
 // 0.87 / 0.91 of the ceiling, against 0.94 / 0.94), and fp32 (two rows, memory-bound) measured the
 // same either way.
-template <typename T, int kVec, bool kBackward, bool kTanh, bool kRing = false>
-__global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThreads, kRowColMinBlocks<T, kBackward>)
-    bias_gelu_kernel(const RowColArgs args) {
+template <typename T, int kVec, bool kBackward, bool kTanh, bool kRing = false,
+          int kRowUnroll = kBiasRowUnroll<T, kBackward>>
+__global__ void __launch_bounds__(RowColPlan::kColThreads* RowColPlan::kRowThreads,
+                                  kRowColMinBlocks<T, kBackward, kRowUnroll>) bias_gelu_kernel(const RowColArgs args) {
   static_assert(!kRing || (!kBackward && kVec > 1), "the ring is the vectorized forward's");
   constexpr int kColThreads = RowColPlan::kColThreads;
   constexpr int kRowThreads = RowColPlan::kRowThreads;
-  constexpr int kRowUnroll = kBiasRowUnroll<T, kBackward>;
   using P = Pack<T, kVec>;
   const T* x = static_cast<const T*>(args.x);
   const T* grad_out = static_cast<const T*>(args.grad_out);
@@ -508,8 +511,10 @@ cudaError_t launch_add_gelu(const FlatArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// row_unroll: the rows in flight the plan was cut for (kBiasRowUnroll, or for the vectorized fp32
+// forward bias_gelu_fwd_rows_fp32's choice).
 template <typename T, bool kBackward>
-cudaError_t launch_bias_gelu(const RowColArgs& args, const RowColPlan& plan, cudaStream_t stream) {
+cudaError_t launch_bias_gelu(const RowColArgs& args, const RowColPlan& plan, int row_unroll, cudaStream_t stream) {
   constexpr int kVec = kVec16<T>;
   const dim3 grid(unsigned(plan.grid_x), unsigned(plan.grid_y));
   const dim3 block(RowColPlan::kColThreads, RowColPlan::kRowThreads);
@@ -517,6 +522,14 @@ cudaError_t launch_bias_gelu(const RowColArgs& args, const RowColPlan& plan, cud
     if (plan.vec == kVec && bias_gelu_fwd_ring(plan, current_device_sm_count())) {
       if (args.tanh_form) bias_gelu_kernel<T, kVec, false, true, true><<<grid, block, 0, stream>>>(args);
       else bias_gelu_kernel<T, kVec, false, false, true><<<grid, block, 0, stream>>>(args);
+      return cudaGetLastError();
+    }
+  }
+  if constexpr (!kBackward && sizeof(T) == 4) {
+    if (plan.vec == kVec && row_unroll == kBiasRowUnrollManyWaves) {
+      constexpr int kRows = kBiasRowUnrollManyWaves;
+      if (args.tanh_form) bias_gelu_kernel<T, kVec, false, true, false, kRows><<<grid, block, 0, stream>>>(args);
+      else bias_gelu_kernel<T, kVec, false, false, false, kRows><<<grid, block, 0, stream>>>(args);
       return cudaGetLastError();
     }
   }

@@ -29,6 +29,13 @@ bool bias_gelu_fwd_ring(const RowColPlan& plan, int sm_count) {
   return plan.vec > 1 && plan.grid_x * plan.grid_y <= int64_t(kBiasFwdBlocksPerSm) * std::max(sm_count, 1);
 }
 
+int bias_gelu_fwd_rows_fp32(int64_t rows, int64_t cols, int vec, int sm_count) {
+  if (vec <= 1) return 2;
+  const RowColPlan plan = plan_bias_gelu(rows, cols, vec, /*max_row_groups=*/INT64_MAX, kBiasRowUnrollManyWaves);
+  const int64_t wave = int64_t(kBiasFwdBlocksPerSm) * std::max(sm_count, 1);
+  return plan.grid_x * plan.grid_y >= int64_t(kBiasFwdManyWaves) * wave ? kBiasRowUnrollManyWaves : 2;
+}
+
 int bias_gelu_vec_width(const void* const* ptrs, int num_ptrs, int64_t cols, int64_t x_row_stride,
                         DType dtype) {
   const int vec = 16 / dtype_size(dtype);
