@@ -68,6 +68,20 @@ def bench_paired(fns: dict, budget_ms: float = 200.0, max_iters: int = 1000, sle
     estimate = {name: bench_ms(fns[name], warmup=1, rep=5) for name in names}
     per_iter = sum(estimate.values()) + len(names) * (0.08 + sleep_us / 1e3)  # plus flushes and spins
     iters = int(min(max_iters, max(20, budget_ms / per_iter)))
+    result = {}
+    for name, times in paired_times(fns, iters, sleep_us, cache).items():
+        times = sorted(times)
+        quantile = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731,B023
+        result[name] = (statistics.median(times), (quantile(0.25), quantile(0.75)), iters)
+    return result
+
+
+def paired_times(fns: dict, iters: int, sleep_us: float = 100.0, cache: torch.Tensor | None = None) -> dict:
+    """bench_paired's timing loop: name -> the ms of each of `iters` calls, interleaved, each call
+    after an L2 flush (a memset of `cache`, 256 MB unless given) with a spin kernel ahead of it."""
+    names = list(fns)
+    if cache is None:
+        cache = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
     events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                      for _ in range(iters)] for name in names}
     # A spin kernel ahead of each flush keeps the GPU busy while the host prepares the call, so
@@ -85,12 +99,7 @@ def bench_paired(fns: dict, budget_ms: float = 200.0, max_iters: int = 1000, sle
             fns[name]()
             end.record()
     torch.cuda.synchronize()
-    result = {}
-    for name in names:
-        times = sorted(start.elapsed_time(end) for start, end in events[name])
-        quantile = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
-        result[name] = (statistics.median(times), (quantile(0.25), quantile(0.75)), iters)
-    return result
+    return {name: [start.elapsed_time(end) for start, end in events[name]] for name in names}
 
 
 def copy_fn(nbytes_moved: int, dtype=torch.uint8):

@@ -176,7 +176,7 @@ def test_bias_gelu_many_rows(dtype):
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_bias_gelu_many_waves(dtype, approximate):
-    # 33 column segments x 257 row groups at 4 rows: over 8 waves, so the vectorized fp32 forward
+    # 33 column segments x 257 row groups at 4 rows: over 4 waves, so the vectorized fp32 forward
     # keeps 4 rows in flight per thread (bias_gelu_fwd_rows_fp32); a part-filled last segment and
     # row group, then strided rows
     check_bias_gelu(randn(8195, 4100, dtype=dtype), randn(4100, dtype=dtype), approximate)

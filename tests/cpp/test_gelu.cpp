@@ -211,10 +211,11 @@ TEST(BiasGeluPlan, Fp32ForwardTakesFourRowsOverManyWaves) {
   EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(8192, 16384, 4, 132), flashext::kBiasRowUnrollManyWaves);
   EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(256, 16384, 4, 132), 2);  // 1024 blocks: two waves
   EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(8192, 16384, 1, 132), 2);  // unaligned: the scalar kernel
-  // the line: 8 waves of 4 blocks on 132 SMs = 4224 blocks = 33 column segments x 128 row groups
-  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(4096, 33 * 128, 4, 132), flashext::kBiasRowUnrollManyWaves);
-  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(4064, 33 * 128, 4, 132), 2);  // 127 row groups
-  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(4064, 33 * 128, 4, 100), flashext::kBiasRowUnrollManyWaves);
+  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(1024, 16384, 4, 132), flashext::kBiasRowUnrollManyWaves);  // 4096 blocks
+  // the line: 4 waves of 4 blocks on 132 SMs = 2112 blocks = 33 column segments x 64 row groups
+  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(2048, 33 * 128, 4, 132), flashext::kBiasRowUnrollManyWaves);
+  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(2016, 33 * 128, 4, 132), 2);  // 63 row groups
+  EXPECT_EQ(flashext::bias_gelu_fwd_rows_fp32(2016, 33 * 128, 4, 100), flashext::kBiasRowUnrollManyWaves);
 }
 
 TEST(BiasGeluPlan, FewRowsOfWideColumnsTakeOnePass) {
@@ -435,7 +436,7 @@ TYPED_TEST(GeluKernels, BiasGeluAgainstCpuReference) {
   // its register path (every smaller case above fits in one wave: the cp.async ring,
   // bias_gelu_fwd_ring); 8195 rows leave a part-filled last row group.
   run_bias_gelu_case<TypeParam>(8195, 1024, 1024, GeluApprox::kNone);
-  // 33 x 257 blocks at 4 rows: over 8 waves on GPUs with up to 265 SMs, so the vectorized fp32
+  // 33 x 257 blocks at 4 rows: over 4 waves on GPUs with up to 530 SMs, so the vectorized fp32
   // forward keeps 4 rows in flight (bias_gelu_fwd_rows_fp32); a part-filled last column segment
   // (4100 = 32 x 128 + 4) and row group (8195 = 256 x 32 + 3), strided rows.
   run_bias_gelu_case<TypeParam>(8195, 4100, 4104, GeluApprox::kTanh);

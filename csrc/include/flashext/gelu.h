@@ -97,11 +97,12 @@ bool bias_gelu_fwd_ring(const RowColPlan& plan, int sm_count);
 
 // Rows in flight per thread of the fp32 forward: kBiasRowUnrollManyWaves (4, at 4 blocks per SM)
 // when the layout is vectorized and that plan's grid is at least kBiasFwdManyWaves waves, else 2
-// (6 blocks per SM). Measured at 7145978 (of a same-bytes copy): 8192 × 16384 (62 waves at 4 rows)
-// 0.96 → 0.98 with 4 rows; 256 × 16384 (2 waves) 0.95-0.97 with 2 rows, 0.95 with 4 (14.0 against
-// 14.4 µs). Where between them 4 rows start to win was not measured; 8 waves is the guess.
+// (6 blocks per SM). Measured on the H200 (A/Bs at 7145978 and d01dd1d, × 16384 columns, µs with
+// 2 / 4 rows): 256 rows (1.9 waves at 4 rows) 14.0 / 14.4; 1024 rows (7.8 waves) 38.7 / 38.4;
+// 2048 rows 71.6 / 70.6; 4096 rows 137.4 / 134.9; 8192 rows 268 / 262. 512 rows (3.9 waves) was
+// not measured; the line is put at 4 waves.
 constexpr int kBiasRowUnrollManyWaves = 4;
-constexpr int kBiasFwdManyWaves = 8;
+constexpr int kBiasFwdManyWaves = 4;
 int bias_gelu_fwd_rows_fp32(int64_t rows, int64_t cols, int vec, int sm_count);
 
 // 16 bytes when the pointers (all 16-byte aligned), cols and the row stride allow it, else 1.

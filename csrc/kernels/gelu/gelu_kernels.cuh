@@ -175,8 +175,8 @@ __global__ void __launch_bounds__(kFlatThreads, kFlatMinBlocks<kBackward>) add_g
 }
 
 // Rows in flight per thread (RowColPlan): for the fp32 forward (memory-bound, one 16-byte load
-// per row) 2, or 4 over many waves (bias_gelu_fwd_rows_fp32: A/B at 7145978, 8192 × 16384, 268 →
-// 262 µs, 0.96 → 0.98 of a same-bytes copy; at 256 × 16384, two waves, 14.0 → 14.4 µs); 4 for the
+// per row) 2, or 4 over many waves (bias_gelu_fwd_rows_fp32: 8192 × 16384 268 → 262 µs, 0.96 →
+// 0.98 of a same-bytes copy; 256 × 16384, two waves, 14.0 → 14.4 µs, so 2 there); 4 for the
 // 16-bit forward (with the erff-free Φ it is memory-bound too; A/B at 6aab2cc, 8192 × 16384: 1 row
 // 0.78-0.79 of copy, 2 rows 0.87, 4 rows 0.93); 1 for the backward, where the math sets the pace.
 // FLASHEXT_GELU_BIAS_ROWS_16 (1, 2 or 4) sets the 16-bit forward's.
