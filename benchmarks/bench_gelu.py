@@ -16,7 +16,8 @@ Sections
 Every implementation is checked against flashext.reference (flashext.testing's rule) on the
 benchmark's own inputs before it is timed. Each row times its implementations and "copy" (a
 device-to-device copy moving the same number of bytes as the op) call by call, interleaved, each
-call on a flushed L2 (benchmarks.common.bench_paired; the median, with the quartiles as iqr_ms):
+call on a flushed L2, in orders where each follows each other equally often
+(benchmarks.common.bench_paired; the median, with the quartiles as iqr_ms):
 timed one after another, the 2-6 us calls at 2^16-2^20 moved by 10-20% between runs, and even in
 balanced rounds a round's median jumped by ~0.5 us. "ceiling" is a 2 GiB copy, measured at the
 start and the end. Writes gelu.json and gelu.png.

@@ -55,10 +55,13 @@ def bench_rounds(fns: dict, warmup: int = 5, rep: int = 15) -> dict:
 
 def bench_paired(fns: dict, budget_ms: float = 200.0, max_iters: int = 1000, sleep_us: float = 100.0) -> dict:
     """Times the functions of `fns` (name -> callable) call by call, interleaved: each iteration
-    flushes L2 (a 256 MB memset, as do_bench) and times one call of every function, in an order
-    rotated per iteration. Slow changes of the GPU's state (the 2-8 us calls of small sizes move
-    by ~0.5 us for tens of milliseconds at a time) then hit every function alike, where timing one
-    function after another lets them decide the comparison. Returns name -> (median ms,
+    flushes L2 (a 256 MB memset, as do_bench) before each call and times one call of every
+    function, in balanced orders (balanced_orders: each function follows each other equally often).
+    Slow changes of the GPU's state (the 2-8 us calls of small sizes move by ~0.5 us for tens of
+    milliseconds at a time) then hit every function alike, where timing one function after another
+    lets them decide the comparison; and no function always follows the same one (with the order
+    merely rotated, add + GeLU at 2^16 read 0.993x the seed's kernel, 1.007-1.014x in balanced
+    orders in the same process: docs/notes/gelu.md). Returns name -> (median ms,
     (25th, 75th percentile ms), iterations)."""
     names = list(fns)
     cache = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
@@ -67,19 +70,26 @@ def bench_paired(fns: dict, budget_ms: float = 200.0, max_iters: int = 1000, sle
             fn()
     estimate = {name: bench_ms(fns[name], warmup=1, rep=5) for name in names}
     per_iter = sum(estimate.values()) + len(names) * (0.08 + sleep_us / 1e3)  # plus flushes and spins
+    rounds = len(balanced_orders(len(names)))
     iters = int(min(max_iters, max(20, budget_ms / per_iter)))
+    iters = -(-iters // rounds) * rounds  # whole cycles of the orders
     result = {}
-    for name, times in paired_times(fns, iters, sleep_us, cache).items():
+    for name, times in paired_times(fns, iters, sleep_us, cache, balanced=True).items():
         times = sorted(times)
         quantile = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731,B023
         result[name] = (statistics.median(times), (quantile(0.25), quantile(0.75)), iters)
     return result
 
 
-def paired_times(fns: dict, iters: int, sleep_us: float = 100.0, cache: torch.Tensor | None = None) -> dict:
+def paired_times(fns: dict, iters: int, sleep_us: float = 100.0, cache: torch.Tensor | None = None,
+                 balanced: bool = False) -> dict:
     """bench_paired's timing loop: name -> the ms of each of `iters` calls, interleaved, each call
-    after an L2 flush (a memset of `cache`, 256 MB unless given) with a spin kernel ahead of it."""
+    after an L2 flush (a memset of `cache`, 256 MB unless given) with a spin kernel ahead of it.
+    Iteration i calls them in the order rotated by i (each function always follows the same one),
+    or with `balanced` in the orders of balanced_orders (each follows each other equally often)."""
     names = list(fns)
+    orders = balanced_orders(len(names)) if balanced else [
+        [(i + k) % len(names) for k in range(len(names))] for i in range(len(names))]
     if cache is None:
         cache = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
     events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -90,8 +100,8 @@ def paired_times(fns: dict, iters: int, sleep_us: float = 100.0, cache: torch.Te
     clock_khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 1_980_000)  # H200 boost clock
     spin = int(sleep_us * clock_khz / 1e3)
     for i in range(iters):
-        for k in range(len(names)):
-            name = names[(i + k) % len(names)]
+        for index in orders[i % len(orders)]:
+            name = names[index]
             torch.cuda._sleep(spin)
             cache.zero_()
             start, end = events[name][i]

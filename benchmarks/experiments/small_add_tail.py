@@ -9,7 +9,10 @@ percentiles of each:
   graph_op      the out= op captured in a CUDA graph, replayed (no host launch path)
   seed, graph_seed  the seed's Triton kernel, direct and replayed from a graph
   copy          a same-bytes copy
-    python benchmarks/experiments/small_add_tail.py [n] [dtype] [iters]
+With "mix", bench_gelu's own set instead (flashext's op, the Triton twin, the seed, eager,
+torch.compile, the copy), once in bench_paired's rotated order (each always after the same one)
+and once in balanced orders (each after each other equally often).
+    python benchmarks/experiments/small_add_tail.py [n] [dtype] [iters] [ways|mix]
 """
 
 import statistics
@@ -17,11 +20,13 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import flashext  # noqa: E402
 from benchmarks import seed_triton  # noqa: E402
 from benchmarks.common import copy_fn, paired_times  # noqa: E402
+from flashext.triton_ref import gelu as twin  # noqa: E402
 
 
 def graph_of(fn):
@@ -57,13 +62,33 @@ def main():
         "graph_seed": graph_of(seed_into),
         "copy": copy_fn(3 * n * x.element_size(), dtype)[0],
     }
-    times = paired_times(fns, iters)
-    print(f"n = {n}, {dtype}, {iters} calls each; us at percentiles 10 / 25 / 50 / 75 / 90")
+    if len(sys.argv) > 4 and sys.argv[4] == "mix":
+        compiled = torch.compile(lambda a, b: F.gelu(a + b))
+        fns = {
+            "flashext": fns["op"],
+            "twin": lambda: twin.add_gelu(x, y),
+            "seed": fns["seed"],
+            "eager": lambda: F.gelu(x + y),
+            "compile": lambda: compiled(x, y),
+            "copy": fns["copy"],
+        }
+        for fn in fns.values():
+            fn()
+        for balanced in (False, True):
+            report(n, dtype, iters, paired_times(fns, iters, balanced=balanced), "balanced" if balanced else "rotated")
+        return
+    report(n, dtype, iters, paired_times(fns, iters), "rotated")
+
+
+def report(n, dtype, iters, times, order):
+    print(f"n = {n}, {dtype}, {iters} calls each, {order}; us at percentiles 10 / 25 / 50 / 75 / 90")
     for name, ms in times.items():
         t = sorted(1e3 * v for v in ms[5:])
         q = lambda p: t[min(len(t) - 1, int(p * len(t)))]  # noqa: E731
         print(f"  {name:11s} " + " ".join(f"{q(p):6.2f}" for p in (0.1, 0.25, 0.5, 0.75, 0.9))
               + f"   mean {statistics.fmean(t):.2f}")
+    first, seed = (statistics.median(times[k][5:]) for k in (next(iter(times)), "seed"))
+    print(f"  seed / {next(iter(times))} (medians): {seed / first:.3f}")
 
 
 def triton_cdiv(a, b):
