@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import flashext  # noqa: E402
@@ -48,35 +49,32 @@ def main():
     iters = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
     x = (torch.randn(n, device="cuda") * 2).to(dtype)
     y = (torch.randn(n, device="cuda") * 2).to(dtype)
-    out, out_seed = torch.empty_like(x), torch.empty_like(x)
     ops = torch.ops.flashext
-
-    def seed_into():
-        seed_triton.fused_add_gelu_kernel[(triton_cdiv(n, 1024),)](x, y, out_seed, n, BLOCK_SIZE=1024)
-
-    fns = {
-        "op": lambda: ops.add_gelu(x, y, "none"),
-        "op_out": lambda: flashext.fused_add_gelu(x, y, out=out),
-        "graph_op": graph_of(lambda: flashext.fused_add_gelu(x, y, out=out)),
-        "seed": lambda: seed_triton.fused_add_gelu(x, y),
-        "graph_seed": graph_of(seed_into),
-        "copy": copy_fn(3 * n * x.element_size(), dtype)[0],
-    }
+    op = lambda: ops.add_gelu(x, y, "none")  # noqa: E731
+    seed = lambda: seed_triton.fused_add_gelu(x, y)  # noqa: E731
+    copy = copy_fn(3 * n * x.element_size(), dtype)[0]
     if len(sys.argv) > 4 and sys.argv[4] == "mix":
         compiled = torch.compile(lambda a, b: F.gelu(a + b))
-        fns = {
-            "flashext": fns["op"],
-            "twin": lambda: twin.add_gelu(x, y),
-            "seed": fns["seed"],
-            "eager": lambda: F.gelu(x + y),
-            "compile": lambda: compiled(x, y),
-            "copy": fns["copy"],
-        }
+        fns = {"flashext": op, "twin": lambda: twin.add_gelu(x, y), "seed": seed, "eager": lambda: F.gelu(x + y),
+               "compile": lambda: compiled(x, y), "copy": copy}
         for fn in fns.values():
             fn()
         for balanced in (False, True):
             report(n, dtype, iters, paired_times(fns, iters, balanced=balanced), "balanced" if balanced else "rotated")
         return
+    out, out_seed = torch.empty_like(x), torch.empty_like(x)
+
+    def seed_into():
+        seed_triton.fused_add_gelu_kernel[(triton.cdiv(n, 1024),)](x, y, out_seed, n, BLOCK_SIZE=1024)
+
+    fns = {
+        "op": op,
+        "op_out": lambda: flashext.fused_add_gelu(x, y, out=out),
+        "graph_op": graph_of(lambda: flashext.fused_add_gelu(x, y, out=out)),
+        "seed": seed,
+        "graph_seed": graph_of(seed_into),
+        "copy": copy,
+    }
     report(n, dtype, iters, paired_times(fns, iters), "rotated")
 
 
@@ -89,10 +87,6 @@ def report(n, dtype, iters, times, order):
               + f"   mean {statistics.fmean(t):.2f}")
     first, seed = (statistics.median(times[k][5:]) for k in (next(iter(times)), "seed"))
     print(f"  seed / {next(iter(times))} (medians): {seed / first:.3f}")
-
-
-def triton_cdiv(a, b):
-    return (a + b - 1) // b
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ TEST(BiasGeluPlan, CoversEveryRowAndColumnOnce) {
   for (const auto& c : cases) {
     for (int vec : {1, 4, 8}) {
       for (int64_t max_groups : {int64_t(1), int64_t(66), int64_t(INT64_MAX)}) {
-        for (int row_unroll : {1, 2}) {
+        for (int row_unroll : {1, 2, 4}) {
           const int64_t rows = c[0], cols = c[1];
           const RowColPlan plan = flashext::plan_bias_gelu(rows, cols, vec, max_groups, row_unroll);
           SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " vec " + std::to_string(vec) +
@@ -188,6 +188,7 @@ TEST(BiasGeluPlan, CoversEveryRowAndColumnOnce) {
           EXPECT_LT((plan.grid_y - 1) * plan.rows_per_block, rows);  // no empty group
           EXPECT_LE(plan.grid_y, std::min<int64_t>(max_groups, 65535));
           EXPECT_GE(plan.grid_y, 1);
+          EXPECT_EQ(plan.row_unroll, row_unroll);  // what launch_bias_gelu instantiates for
         }
       }
     }

@@ -71,8 +71,8 @@ struct BiasGeluBwdParams {
 // A block is kColThreads × kRowThreads threads: threadIdx.x walks vec-wide column packs of one
 // column segment (blockIdx.x), threadIdx.y the rows of one row group (blockIdx.y), row_unroll
 // rows in flight at a time (2 or 4 for the fp32 forward, whose one 16-byte load per thread left
-// too few bytes in flight to reach the copy rate: bias_gelu_fwd_rows_fp32; 4 for the 16-bit forward, through a cp.async ring
-// in one-wave grids (bias_gelu_fwd_ring); 1 for the backward). The backward kernel reduces its
+// too few bytes in flight to reach the copy rate: bias_gelu_fwd_rows_fp32; 4 for the 16-bit
+// forward, through a cp.async ring in one-wave grids (bias_gelu_fwd_ring); 1 for the backward). The backward kernel reduces its
 // block's rows in shared memory and writes one fp32 partial row per row group, which a second
 // kernel sums.
 struct RowColPlan {
@@ -82,6 +82,7 @@ struct RowColPlan {
   int64_t grid_x = 0;  // column segments: ceil(cols / (vec · kColThreads))
   int64_t grid_y = 0;  // row groups, at most min(max_row_groups, 65535)
   int64_t rows_per_block = 0;  // ceil(rows / grid_y)
+  int row_unroll = 1;  // rows in flight per thread the plan was cut for
 };
 
 RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_groups, int row_unroll);

@@ -49,7 +49,7 @@ cudaError_t run_bias_gelu_bwd(const BiasGeluBwdParams& p, cudaStream_t stream) {
                         p.x_row_stride, plan.rows_per_block, p.approximate == GeluApprox::kTanh};
   return dispatch_dtype(p.dtype, [&](auto type_tag) {
     using T = decltype(type_tag);
-    FX_RETURN_IF_ERROR((launch_bias_gelu<T, /*kBackward=*/true>(args, plan, /*row_unroll=*/1, stream)));
+    FX_RETURN_IF_ERROR((launch_bias_gelu<T, /*kBackward=*/true>(args, plan, stream)));
     const dim3 block(kReduceCols, kReduceSlices);
     const dim3 grid(unsigned(ceil_div(p.cols, kReduceCols)));
     bias_grad_reduce_kernel<T><<<grid, block, 0, stream>>>(p.workspace, static_cast<T*>(p.grad_bias),

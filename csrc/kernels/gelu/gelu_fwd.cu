@@ -41,7 +41,7 @@ cudaError_t run_bias_gelu_fwd(const BiasGeluParams& p, cudaStream_t stream) {
     const RowColPlan plan = plan_bias_gelu(p.rows, p.cols, vec, /*max_row_groups=*/INT64_MAX, row_unroll);
     const RowColArgs args{nullptr, p.x, p.bias, p.out, nullptr, p.rows, p.cols, p.x_row_stride,
                           plan.rows_per_block, p.approximate == GeluApprox::kTanh};
-    return launch_bias_gelu<T, /*kBackward=*/false>(args, plan, row_unroll, stream);
+    return launch_bias_gelu<T, /*kBackward=*/false>(args, plan, stream);
   });
 }
 

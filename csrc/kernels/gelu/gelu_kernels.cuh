@@ -511,10 +511,10 @@ cudaError_t launch_add_gelu(const FlatArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// row_unroll: the rows in flight the plan was cut for (kBiasRowUnroll, or for the vectorized fp32
-// forward bias_gelu_fwd_rows_fp32's choice).
+// The kernel's rows in flight are the plan's: kBiasRowUnroll, or for the vectorized fp32 forward
+// bias_gelu_fwd_rows_fp32's choice.
 template <typename T, bool kBackward>
-cudaError_t launch_bias_gelu(const RowColArgs& args, const RowColPlan& plan, int row_unroll, cudaStream_t stream) {
+cudaError_t launch_bias_gelu(const RowColArgs& args, const RowColPlan& plan, cudaStream_t stream) {
   constexpr int kVec = kVec16<T>;
   const dim3 grid(unsigned(plan.grid_x), unsigned(plan.grid_y));
   const dim3 block(RowColPlan::kColThreads, RowColPlan::kRowThreads);
@@ -526,7 +526,7 @@ cudaError_t launch_bias_gelu(const RowColArgs& args, const RowColPlan& plan, int
     }
   }
   if constexpr (!kBackward && sizeof(T) == 4) {
-    if (plan.vec == kVec && row_unroll == kBiasRowUnrollManyWaves) {
+    if (plan.vec == kVec && plan.row_unroll == kBiasRowUnrollManyWaves) {
       constexpr int kRows = kBiasRowUnrollManyWaves;
       if (args.tanh_form) bias_gelu_kernel<T, kVec, false, true, false, kRows><<<grid, block, 0, stream>>>(args);
       else bias_gelu_kernel<T, kVec, false, false, false, kRows><<<grid, block, 0, stream>>>(args);

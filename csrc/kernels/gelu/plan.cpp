@@ -15,9 +15,10 @@ constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y
 RowColPlan plan_bias_gelu(int64_t rows, int64_t cols, int vec, int64_t max_row_groups, int row_unroll) {
   RowColPlan plan;
   plan.vec = vec;
+  plan.row_unroll = std::max(row_unroll, 1);
   plan.grid_x = std::max<int64_t>(1, ceil_div(cols, int64_t(vec) * RowColPlan::kColThreads));
   // At least one full unrolled batch of rows per row thread, so the loads overlap.
-  const int64_t min_rows_per_block = int64_t(RowColPlan::kRowThreads) * std::max(row_unroll, 1);
+  const int64_t min_rows_per_block = int64_t(RowColPlan::kRowThreads) * plan.row_unroll;
   const int64_t cap = std::max<int64_t>(1, std::min(max_row_groups, kMaxGridY));
   const int64_t groups = std::clamp<int64_t>(ceil_div(rows, min_rows_per_block), 1, cap);
   plan.rows_per_block = std::max<int64_t>(1, ceil_div(rows, groups));
