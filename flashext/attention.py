@@ -14,11 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._build import require_extension
+from ._build import extension_loaded, ops
 
-require_extension()
-
-_ops = torch.ops.flashext
+_ops = ops()  # torch.ops.flashext, or a stand-in that says the extension is not built
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
@@ -108,39 +106,45 @@ def online_softmax(x: Tensor) -> Tensor:
     return _ops.online_softmax(x)
 
 
-# ---- fake kernels ------------------------------------------------------------------------------
+def _register() -> None:
+    """Fake kernels and autograd formulas of the ops in torch.ops.flashext (built extension only)."""
+    # ---- fake kernels ------------------------------------------------------------------------------
 
 
-@torch.library.register_fake("flashext::online_softmax")
-def _online_softmax_fake(x):
-    torch._check(x.dim() >= 1, lambda: "flashext.online_softmax: argument 'x' must have at least one dimension")
-    return x.new_empty(x.shape)
+    @torch.library.register_fake("flashext::online_softmax")
+    def _online_softmax_fake(x):
+        torch._check(x.dim() >= 1, lambda: "flashext.online_softmax: argument 'x' must have at least one dimension")
+        return x.new_empty(x.shape)
 
 
-@torch.library.register_fake("flashext::flash_attn_fwd")
-def _flash_attn_fwd_fake(q, k, v, causal=False, softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0,
-                         align_top_left=False):
-    torch._check(q.dim() == 4 and k.dim() == 4 and v.shape == k.shape,
-                 lambda: "flashext.flash_attention: q, k, v must be (batch, seqlen, heads, head_dim), v like k")
-    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    @torch.library.register_fake("flashext::flash_attn_fwd")
+    def _flash_attn_fwd_fake(q, k, v, causal=False, softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0,
+                             align_top_left=False):
+        torch._check(q.dim() == 4 and k.dim() == 4 and v.shape == k.shape,
+                     lambda: "flashext.flash_attention: q, k, v must be (batch, seqlen, heads, head_dim), v like k")
+        return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
-@torch.library.register_fake("flashext::flash_attn_varlen_fwd")
-def _flash_attn_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                                softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0):
-    torch._check(q.dim() == 3 and k.dim() == 3 and v.shape == k.shape,
-                 lambda: "flashext.flash_attention_varlen: q, k, v must be (total, heads, head_dim), v like k")
-    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    @torch.library.register_fake("flashext::flash_attn_varlen_fwd")
+    def _flash_attn_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                                    softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0):
+        torch._check(q.dim() == 3 and k.dim() == 3 and v.shape == k.shape,
+                     lambda: "flashext.flash_attention_varlen: q, k, v must be (total, heads, head_dim), v like k")
+        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-# ---- autograd: no backward yet; a clear error, never a wrong gradient ---------------------------
+    # ---- autograd: no backward yet; a clear error, never a wrong gradient ---------------------------
 
 
-def _no_backward(ctx, *grads):
-    raise NotImplementedError("flashext.flash_attention: the backward pass is not implemented yet; "
-                              "use it under torch.no_grad() / inference_mode, or F.scaled_dot_product_attention "
-                              "for training")
+    def _no_backward(ctx, *grads):
+        raise NotImplementedError("flashext.flash_attention: the backward pass is not implemented yet; "
+                                  "use it under torch.no_grad() / inference_mode, or F.scaled_dot_product_attention "
+                                  "for training")
 
 
-for _op in ("flashext::flash_attn_fwd", "flashext::flash_attn_varlen_fwd", "flashext::online_softmax"):
-    torch.library.register_autograd(_op, _no_backward, setup_context=lambda ctx, inputs, output: None)
+    for _op in ("flashext::flash_attn_fwd", "flashext::flash_attn_varlen_fwd", "flashext::online_softmax"):
+        torch.library.register_autograd(_op, _no_backward, setup_context=lambda ctx, inputs, output: None)
+
+
+if extension_loaded():
+    _register()
