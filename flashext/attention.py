@@ -1,8 +1,9 @@
 """FlashAttention: exact attention without an S × S matrix in HBM.
 
 The CUDA kernel is csrc/kernels/attention/ (schemas in csrc/torch/registration.cpp, glue in
-csrc/torch/attention.cpp); this module holds the public functions, the fake (meta) kernels and
-the autograd registration (the backward is a later issue: asking for gradients raises).
+csrc/torch/attention.cpp, which also registers the checks and output shapes for tracing); this
+module holds the public functions and the autograd registration (the backward is a later issue:
+asking for gradients raises).
 Definition: flashext.reference.attention; Triton twin: flashext/triton_ref/attention.py.
 
 Status: the forward kernel (FlashAttention-2 design, mma.sync) is validated on the H200 against the
@@ -96,55 +97,15 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     return out.transpose(1, 2)
 
 
-def online_softmax(x: Tensor) -> Tensor:
-    """softmax over the last dim in one pass over each row, keeping the running max and sum
-    (Milakov & Gimelshein, 2018) — the building block of FlashAttention as an op of its own.
-    fp32/fp16/bf16, fp32 math. Rows with 16-byte aligned starts of up to 32768 (fp32) or 65536
-    (fp16/bf16) columns are read from HBM once; the part of a longer row past that is read twice,
-    and other layouts take a slower scalar path. Same results as torch.softmax(x, -1), a row of
-    all −inf included (NaN). No backward yet."""
-    return _ops.online_softmax(x)
+def _no_backward(ctx, *grads):
+    raise NotImplementedError("flashext.flash_attention: the backward pass is not implemented yet; "
+                              "use it under torch.no_grad() / inference_mode, or F.scaled_dot_product_attention "
+                              "for training")
 
 
-def _register() -> None:
-    """Fake kernels and autograd formulas of the ops in torch.ops.flashext (built extension only)."""
-    # ---- fake kernels ------------------------------------------------------------------------------
-
-
-    @torch.library.register_fake("flashext::online_softmax")
-    def _online_softmax_fake(x):
-        torch._check(x.dim() >= 1, lambda: "flashext.online_softmax: argument 'x' must have at least one dimension")
-        return x.new_empty(x.shape)
-
-
-    @torch.library.register_fake("flashext::flash_attn_fwd")
-    def _flash_attn_fwd_fake(q, k, v, causal=False, softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0,
-                             align_top_left=False):
-        torch._check(q.dim() == 4 and k.dim() == 4 and v.shape == k.shape,
-                     lambda: "flashext.flash_attention: q, k, v must be (batch, seqlen, heads, head_dim), v like k")
-        return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-
-
-    @torch.library.register_fake("flashext::flash_attn_varlen_fwd")
-    def _flash_attn_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                                    softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0):
-        torch._check(q.dim() == 3 and k.dim() == 3 and v.shape == k.shape,
-                     lambda: "flashext.flash_attention_varlen: q, k, v must be (total, heads, head_dim), v like k")
-        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-
-
-    # ---- autograd: no backward yet; a clear error, never a wrong gradient ---------------------------
-
-
-    def _no_backward(ctx, *grads):
-        raise NotImplementedError("flashext.flash_attention: the backward pass is not implemented yet; "
-                                  "use it under torch.no_grad() / inference_mode, or F.scaled_dot_product_attention "
-                                  "for training")
-
-
-    for _op in ("flashext::flash_attn_fwd", "flashext::flash_attn_varlen_fwd", "flashext::online_softmax"):
-        torch.library.register_autograd(_op, _no_backward, setup_context=lambda ctx, inputs, output: None)
-
-
+# Shapes for tracing come from the C++ Meta registration, which runs the CUDA path's own checks
+# (csrc/torch/attention.cpp); what Python adds is the autograd rule: no backward yet, a clear error,
+# never a wrong gradient.
 if extension_loaded():
-    _register()
+    for _op in ("flashext::flash_attn_fwd", "flashext::flash_attn_varlen_fwd"):
+        torch.library.register_autograd(_op, _no_backward, setup_context=lambda ctx, inputs, output: None)

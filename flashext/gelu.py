@@ -1,8 +1,9 @@
 """Fused GeLU epilogues: gelu(x + y) and gelu(x + bias) in one pass over HBM.
 
 The CUDA kernels are csrc/kernels/gelu/ (schemas in csrc/torch/registration.cpp, glue in
-csrc/torch/gelu.cpp); this module holds the public functions, the fake (meta) kernels that let
-torch.compile trace them, and the autograd formulas, whose backward is a fused kernel too.
+csrc/torch/gelu.cpp); this module holds the public functions and the autograd formulas, whose
+backward is a fused kernel too (the checks and output shapes that let torch.compile trace them
+are registered in C++, beside the CUDA implementation).
 Their Triton twins are flashext/triton_ref/gelu.py, their definition flashext/reference.py.
 
 Layout and cost: outputs are contiguous. Contiguous inputs, including unaligned views such as
@@ -56,87 +57,37 @@ def _refuse_grad_with_out(fn: str, *inputs: Tensor) -> None:
         raise RuntimeError(f"{fn}: out= is not differentiable; call it without out= to get gradients")
 
 
-def _register() -> None:
-    """Fake kernels and autograd formulas of the ops in torch.ops.flashext (built extension only)."""
-    # ---- fake kernels: shapes, dtypes and devices for tracing (outputs are contiguous) ----------
+# ---- autograd: the backward of each op is its fused backward kernel -------------------------
 
 
-    def _check_same_shape(fn: str, name: str, t: Tensor, x: Tensor) -> None:
-        torch._check(t.shape == x.shape, lambda: f"{fn}: argument '{name}' must have the shape of 'x' ({tuple(x.shape)}), got {tuple(t.shape)}")
+def _save_inputs(ctx, inputs, output) -> None:
+    x, other, approximate = inputs
+    ctx.save_for_backward(x, other)
+    ctx.approximate = approximate
 
 
-    def _check_bias(fn: str, x: Tensor, bias: Tensor) -> None:
-        torch._check(x.dim() >= 1, lambda: f"{fn}: argument 'x' must have at least one dimension, got a scalar")
-        torch._check(
-            bias.dim() == 1 and bias.shape[0] == x.shape[-1],
-            lambda: f"{fn}: argument 'bias' must be 1-D of length x.shape[-1] = {x.shape[-1]}, got shape {tuple(bias.shape)}",
-        )
+def _add_gelu_grad(ctx, grad: Tensor):
+    x, y = ctx.saved_tensors
+    # d/dx gelu(x + y) = d/dy gelu(x + y) = gelu'(x + y): one kernel, one tensor for both
+    grad_z = _ops.add_gelu_backward(grad, x, y, ctx.approximate)
+    return (grad_z if ctx.needs_input_grad[0] else None, grad_z if ctx.needs_input_grad[1] else None, None)
 
 
-    @torch.library.register_fake("flashext::add_gelu")
-    def _add_gelu_fake(x: Tensor, y: Tensor, approximate: str = "none") -> Tensor:
-        _check_same_shape("flashext.fused_add_gelu", "y", y, x)
-        return x.new_empty(x.shape)
+def _bias_gelu_grad(ctx, grad: Tensor):
+    x, bias = ctx.saved_tensors
+    grad_x, grad_bias = _ops.bias_gelu_backward(grad, x, bias, ctx.approximate)
+    return (grad_x if ctx.needs_input_grad[0] else None, grad_bias if ctx.needs_input_grad[1] else None, None)
 
 
-    @torch.library.register_fake("flashext::add_gelu_out")
-    def _add_gelu_out_fake(x: Tensor, y: Tensor, approximate: str, out: Tensor) -> None:
-        _check_same_shape("flashext.fused_add_gelu", "y", y, x)
-        _check_same_shape("flashext.fused_add_gelu", "out", out, x)
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "flashext: the GeLU backward kernels are not differentiable (double backward is not supported)"
+    )
 
 
-    @torch.library.register_fake("flashext::add_gelu_backward")
-    def _add_gelu_backward_fake(grad_out: Tensor, x: Tensor, y: Tensor, approximate: str = "none") -> Tensor:
-        _check_same_shape("flashext.fused_add_gelu", "y", y, x)
-        return x.new_empty(x.shape)
-
-
-    @torch.library.register_fake("flashext::bias_gelu")
-    def _bias_gelu_fake(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
-        _check_bias("flashext.bias_gelu", x, bias)
-        return x.new_empty(x.shape)
-
-
-    @torch.library.register_fake("flashext::bias_gelu_out")
-    def _bias_gelu_out_fake(x: Tensor, bias: Tensor, approximate: str, out: Tensor) -> None:
-        _check_bias("flashext.bias_gelu", x, bias)
-        _check_same_shape("flashext.bias_gelu", "out", out, x)
-
-
-    @torch.library.register_fake("flashext::bias_gelu_backward")
-    def _bias_gelu_backward_fake(grad_out: Tensor, x: Tensor, bias: Tensor, approximate: str = "none") -> tuple[Tensor, Tensor]:
-        _check_bias("flashext.bias_gelu", x, bias)
-        return x.new_empty(x.shape), bias.new_empty(bias.shape)
-
-
-    # ---- autograd: the backward of each op is its fused backward kernel -------------------------
-
-
-    def _save_inputs(ctx, inputs, output) -> None:
-        x, other, approximate = inputs
-        ctx.save_for_backward(x, other)
-        ctx.approximate = approximate
-
-
-    def _add_gelu_grad(ctx, grad: Tensor):
-        x, y = ctx.saved_tensors
-        # d/dx gelu(x + y) = d/dy gelu(x + y) = gelu'(x + y): one kernel, one tensor for both
-        grad_z = _ops.add_gelu_backward(grad, x, y, ctx.approximate)
-        return (grad_z if ctx.needs_input_grad[0] else None, grad_z if ctx.needs_input_grad[1] else None, None)
-
-
-    def _bias_gelu_grad(ctx, grad: Tensor):
-        x, bias = ctx.saved_tensors
-        grad_x, grad_bias = _ops.bias_gelu_backward(grad, x, bias, ctx.approximate)
-        return (grad_x if ctx.needs_input_grad[0] else None, grad_bias if ctx.needs_input_grad[1] else None, None)
-
-
-    def _no_double_backward(ctx, *grads):
-        raise RuntimeError(
-            "flashext: the GeLU backward kernels are not differentiable (double backward is not supported)"
-        )
-
-
+# Shapes for tracing come from the C++ Meta registration, which runs the CUDA path's own checks
+# (csrc/torch/gelu.cpp); what Python adds is the autograd rule.
+if extension_loaded():
     torch.library.register_autograd("flashext::add_gelu", _add_gelu_grad, setup_context=_save_inputs)
     torch.library.register_autograd("flashext::bias_gelu", _bias_gelu_grad, setup_context=_save_inputs)
     torch.library.register_autograd(
@@ -145,7 +96,3 @@ def _register() -> None:
     torch.library.register_autograd(
         "flashext::bias_gelu_backward", _no_double_backward, setup_context=lambda ctx, inputs, output: None
     )
-
-
-if extension_loaded():
-    _register()

@@ -1,6 +1,7 @@
-// flashext FlashAttention: torch glue. Checks inputs (one place for the family), builds
-// FlashFwdParams (flashext/attention.h) and launches on the current stream. Schemas:
-// registration.cpp; fake kernels and the public functions: flashext/attention.py.
+// flashext FlashAttention: torch glue. Checks inputs (one place for the family, for the CUDA
+// kernel and for tracing alike: see common.h), builds FlashFwdParams (flashext/attention.h) and
+// launches on the current stream. Schemas: registration.cpp; the public functions and the
+// autograd registration: flashext/attention.py.
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -27,65 +28,78 @@ bool rows_aligned16(const at::Tensor& t) {
   return true;
 }
 
-// q, k, v read in place when every row start is 16-byte aligned, else from contiguous copies.
-struct AlignedQKV {
-  at::Tensor q, k, v;
-};
-
-AlignedQKV aligned_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  return {rows_aligned16(q) ? q : q.contiguous(), rows_aligned16(k) ? k : k.contiguous(),
-          rows_aligned16(v) ? v : v.contiguous()};
+// t itself when every row start is 16-byte aligned, else a fresh contiguous copy. A copy, not
+// contiguous(): a contiguous view that starts at an odd element offset is misaligned too, and
+// contiguous() would hand it back unchanged. (The allocator's blocks are 512-byte aligned and
+// head_dim is a multiple of 8, so the copy's rows are aligned.)
+at::Tensor aligned_rows(const at::Tensor& t) {
+  return rows_aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
+// The grid is (query blocks, heads, batch): gridDim.y and gridDim.z stop at 65535.
+constexpr int64_t kMaxGridYZ = 65535;
+
 // q, k, v: same device and dtype (fp16/bf16), last dim contiguous, head dims equal, a multiple of
-// 8 up to 256, H % Hkv == 0. `rank` is 4 (dense) or 3 (varlen). Returns (H, Hkv, D).
-std::tuple<int64_t, int64_t, int64_t> check_qkv(const char* fn, const at::Tensor& q, const at::Tensor& k,
-                                                const at::Tensor& v, int64_t rank) {
+// 8 up to 256, H % Hkv == 0. `rank` is 4 (dense) or 3 (varlen). Runs on meta tensors too.
+void check_qkv(const char* fn, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t rank) {
   check_cuda_tensor(fn, q, "q");
   const auto type = q.scalar_type();
   FX_CHECK(type == at::kHalf || type == at::kBFloat16, fn, ": argument 'q' must be float16 or bfloat16, got ", type);
   check_same_device_dtype(fn, q, "q", k, "k");
   check_same_device_dtype(fn, q, "q", v, "v");
   const char* layout = rank == 4 ? "(batch, seqlen, heads, head_dim)" : "(total_tokens, heads, head_dim)";
-  FX_CHECK(q.dim() == rank, fn, ": argument 'q' must be ", int64_t(rank), "-D ", layout, ", got shape ", q.sizes());
-  FX_CHECK(k.dim() == rank, fn, ": argument 'k' must be ", int64_t(rank), "-D ", layout, ", got shape ", k.sizes());
-  FX_CHECK(v.sizes() == k.sizes(), fn, ": argument 'v' must have the shape of 'k' (", k.sizes(), "), got ", v.sizes());
+  FX_CHECK(q.dim() == rank, fn, ": argument 'q' must be ", rank, "-D ", layout, ", got shape ", q.sym_sizes());
+  FX_CHECK(k.dim() == rank, fn, ": argument 'k' must be ", rank, "-D ", layout, ", got shape ", k.sym_sizes());
+  FX_CHECK(v.sym_sizes() == k.sym_sizes(), fn, ": argument 'v' must have the shape of 'k' (", k.sym_sizes(),
+           "), got ", v.sym_sizes());
   if (rank == 4) {
-    FX_CHECK(k.size(0) == q.size(0), fn, ": arguments 'q' and 'k' must have the same batch size, got ", q.size(0),
-             " and ", k.size(0));
+    FX_CHECK(k.sym_size(0) == q.sym_size(0), fn, ": arguments 'q' and 'k' must have the same batch size, got ",
+             q.sym_size(0), " and ", k.sym_size(0));
+    FX_CHECK(q.sym_size(0) <= kMaxGridYZ, fn, ": the batch size must be at most ", kMaxGridYZ, ", got ",
+             q.sym_size(0));
   }
-  const int64_t heads = q.size(-2), heads_kv = k.size(-2), head_dim = q.size(-1);
-  FX_CHECK(k.size(-1) == head_dim, fn, ": arguments 'q' and 'k' must have the same head dim, got ", head_dim, " and ",
-           k.size(-1));
+  const c10::SymInt heads = q.sym_size(-2), heads_kv = k.sym_size(-2), head_dim = q.sym_size(-1);
+  FX_CHECK(k.sym_size(-1) == head_dim, fn, ": arguments 'q' and 'k' must have the same head dim, got ", head_dim,
+           " and ", k.sym_size(-1));
   FX_CHECK(head_dim % 8 == 0 && head_dim <= 256 && head_dim > 0, fn,
            ": head dim must be a multiple of 8 between 8 and 256, got ", head_dim);
   FX_CHECK(heads_kv > 0 && heads % heads_kv == 0, fn, ": the number of query heads (", heads,
            ") must be a multiple of the number of key/value heads (", heads_kv, ")");
-  FX_CHECK(q.stride(-1) == 1, fn, ": argument 'q' must have a contiguous last dimension, got stride ", q.stride(-1));
-  FX_CHECK(k.stride(-1) == 1, fn, ": argument 'k' must have a contiguous last dimension, got stride ", k.stride(-1));
-  FX_CHECK(v.stride(-1) == 1, fn, ": argument 'v' must have a contiguous last dimension, got stride ", v.stride(-1));
-  return {heads, heads_kv, head_dim};
+  FX_CHECK(heads <= kMaxGridYZ, fn, ": at most ", kMaxGridYZ, " query heads, got ", heads);
+  for (int64_t d = 0; d + 2 < rank; ++d) {  // sequence lengths (and total tokens) index in 32 bits
+    FX_CHECK(q.sym_size(d) <= INT32_MAX && k.sym_size(d) <= INT32_MAX, fn,
+             ": sequence lengths must be below 2^31, got q ", q.sym_sizes(), " and k ", k.sym_sizes());
+  }
+  FX_CHECK(q.sym_stride(-1) == 1, fn, ": argument 'q' must have a contiguous last dimension, got stride ",
+           q.sym_stride(-1));
+  FX_CHECK(k.sym_stride(-1) == 1, fn, ": argument 'k' must have a contiguous last dimension, got stride ",
+           k.sym_stride(-1));
+  FX_CHECK(v.sym_stride(-1) == 1, fn, ": argument 'v' must have a contiguous last dimension, got stride ",
+           v.sym_stride(-1));
 }
 
-void check_options(const char* fn, int64_t window_left, int64_t window_right, double softcap) {
+void check_options(const char* fn, std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
+                   double softcap) {
+  FX_CHECK(!softmax_scale.has_value() || std::isfinite(*softmax_scale), fn, ": softmax_scale must be finite");
   FX_CHECK(window_left >= -1 && window_right >= -1, fn, ": window_size entries must be >= -1 (-1: unbounded), got (",
            window_left, ", ", window_right, ")");
   FX_CHECK(softcap >= 0.0 && std::isfinite(softcap), fn, ": softcap must be >= 0 (0: off)");
 }
 
-// The kernel's common fields; rows are read in place when 16-byte aligned, else from a copy.
+// The kernel's common fields.
 flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
-                                     at::Tensor& lse, int64_t heads, int64_t heads_kv, int64_t head_dim, bool causal,
-                                     std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
-                                     double softcap, int64_t seqlen_q, int64_t seqlen_k) {
+                                     at::Tensor& lse, bool causal, std::optional<double> softmax_scale,
+                                     int64_t window_left, int64_t window_right, double softcap, int64_t seqlen_q,
+                                     int64_t seqlen_k) {
+  const int64_t head_dim = q.size(-1);
   flashext::FlashFwdParams p;
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
   p.o = out.data_ptr();
   p.lse = lse.data_ptr<float>();
-  p.heads = int(heads);
-  p.heads_kv = int(heads_kv);
+  p.heads = int(q.size(-2));
+  p.heads_kv = int(k.size(-2));
   p.head_dim = int(head_dim);
   p.softmax_scale = float(softmax_scale.has_value() ? *softmax_scale : 1.0 / std::sqrt(double(head_dim)));
   p.softcap = float(softcap);
@@ -101,16 +115,17 @@ flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, c
 std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                                   bool causal, std::optional<double> softmax_scale, int64_t window_left,
                                                   int64_t window_right, double softcap, bool align_top_left) {
-  const auto [heads, heads_kv, head_dim] = check_qkv(kFlash, q_in, k_in, v_in, 4);
-  check_options(kFlash, window_left, window_right, softcap);
+  check_qkv(kFlash, q_in, k_in, v_in, 4);
+  check_options(kFlash, softmax_scale, window_left, window_right, softcap);
+  at::Tensor out = at::empty_symint(q_in.sym_sizes(), q_in.options());
+  at::Tensor lse = at::empty_symint({q_in.sym_size(0), q_in.sym_size(2), q_in.sym_size(1)},
+                                    q_in.options().dtype(at::kFloat));
+  if (is_meta(q_in) || out.numel() == 0) return {out, lse};
   const int64_t batch = q_in.size(0), seqlen_q = q_in.size(1), seqlen_k = k_in.size(1);
-  at::Tensor out = at::empty(q_in.sizes(), q_in.options());
-  at::Tensor lse = at::empty({batch, heads, seqlen_q}, q_in.options().dtype(at::kFloat));
-  if (out.numel() == 0) return {out, lse};
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const auto [q, k, v] = aligned_rows(q_in, k_in, v_in);
-  flashext::FlashFwdParams p = base_params(q, k, v, out, lse, heads, heads_kv, head_dim, causal, softmax_scale,
-                                           window_left, window_right, softcap, seqlen_q, seqlen_k);
+  const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
+  flashext::FlashFwdParams p = base_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,
+                                           softcap, seqlen_q, seqlen_k);
   p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
   p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
   p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
@@ -130,29 +145,33 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
                                                          int64_t max_seqlen_k, bool causal,
                                                          std::optional<double> softmax_scale, int64_t window_left,
                                                          int64_t window_right, double softcap) {
-  const auto [heads, heads_kv, head_dim] = check_qkv(kFlashVarlen, q_in, k_in, v_in, 3);
-  check_options(kFlashVarlen, window_left, window_right, softcap);
+  check_qkv(kFlashVarlen, q_in, k_in, v_in, 3);
+  check_options(kFlashVarlen, softmax_scale, window_left, window_right, softcap);
   for (const auto& [cu, name] : {std::pair<const at::Tensor&, const char*>{cu_seqlens_q, "cu_seqlens_q"},
                                  std::pair<const at::Tensor&, const char*>{cu_seqlens_k, "cu_seqlens_k"}}) {
     FX_CHECK(cu.defined() && cu.device() == q_in.device(), kFlashVarlen, ": argument '", name,
              "' must be on the device of 'q' (", q_in.device(), ")");
     FX_CHECK(cu.scalar_type() == at::kInt, kFlashVarlen, ": argument '", name, "' must be int32, got ",
              cu.scalar_type());
-    FX_CHECK(cu.dim() == 1 && cu.size(0) >= 1 && cu.is_contiguous(), kFlashVarlen, ": argument '", name,
-             "' must be a contiguous 1-D tensor of batch + 1 offsets, got shape ", cu.sizes());
+    FX_CHECK(cu.dim() == 1 && cu.sym_size(0) >= 1 && cu.is_contiguous(), kFlashVarlen, ": argument '", name,
+             "' must be a contiguous 1-D tensor of batch + 1 offsets, got shape ", cu.sym_sizes());
   }
-  FX_CHECK(cu_seqlens_k.size(0) == cu_seqlens_q.size(0), kFlashVarlen,
-           ": arguments 'cu_seqlens_q' and 'cu_seqlens_k' must have the same length (batch + 1), got ", cu_seqlens_q.size(0),
-           " and ", cu_seqlens_k.size(0));
-  FX_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, kFlashVarlen, ": max_seqlen_q and max_seqlen_k must be >= 0");
+  FX_CHECK(cu_seqlens_k.sym_size(0) == cu_seqlens_q.sym_size(0), kFlashVarlen,
+           ": arguments 'cu_seqlens_q' and 'cu_seqlens_k' must have the same length (batch + 1), got ",
+           cu_seqlens_q.sym_size(0), " and ", cu_seqlens_k.sym_size(0));
+  FX_CHECK(cu_seqlens_q.sym_size(0) <= kMaxGridYZ + 1, kFlashVarlen, ": at most ", kMaxGridYZ,
+           " sequences, got ", cu_seqlens_q.sym_size(0) - 1);
+  FX_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= INT32_MAX && max_seqlen_k <= INT32_MAX,
+           kFlashVarlen, ": max_seqlen_q and max_seqlen_k must be in [0, 2^31), got ", max_seqlen_q, " and ",
+           max_seqlen_k);
+  at::Tensor out = at::empty_symint(q_in.sym_sizes(), q_in.options());
+  at::Tensor lse = at::empty_symint({q_in.sym_size(1), q_in.sym_size(0)}, q_in.options().dtype(at::kFloat));
+  if (is_meta(q_in) || out.numel() == 0 || cu_seqlens_q.size(0) == 1) return {out, lse};
   const int64_t batch = cu_seqlens_q.size(0) - 1, total_q = q_in.size(0);
-  at::Tensor out = at::empty(q_in.sizes(), q_in.options());
-  at::Tensor lse = at::empty({heads, total_q}, q_in.options().dtype(at::kFloat));
-  if (out.numel() == 0 || batch == 0) return {out, lse};
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const auto [q, k, v] = aligned_rows(q_in, k_in, v_in);
-  flashext::FlashFwdParams p = base_params(q, k, v, out, lse, heads, heads_kv, head_dim, causal, softmax_scale,
-                                           window_left, window_right, softcap, max_seqlen_q, max_seqlen_k);
+  const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
+  flashext::FlashFwdParams p = base_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,
+                                           softcap, max_seqlen_q, max_seqlen_k);
   p.q_row_stride = q.stride(0), p.q_head_stride = q.stride(1);
   p.k_row_stride = k.stride(0), p.k_head_stride = k.stride(1);
   p.v_row_stride = v.stride(0), p.v_head_stride = v.stride(1);
@@ -171,36 +190,17 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   return {out, lse};
 }
 
-at::Tensor online_softmax(const at::Tensor& x) {
-  constexpr const char* fn = "flashext.online_softmax";
-  check_float_cuda_tensor(fn, x, "x");
-  FX_CHECK(x.dim() >= 1, fn, ": argument 'x' must have at least one dimension, got a scalar");
-  at::Tensor y = at::empty(x.sizes(), x.options());
-  if (y.numel() == 0) return y;
-  const c10::cuda::CUDAGuard guard(x.device());
-  const RowView view = row_view(x);
-  flashext::OnlineSoftmaxParams p;
-  p.x = view.tensor.data_ptr();
-  p.y = y.data_ptr();
-  p.rows = view.rows;
-  p.cols = view.cols;
-  p.x_row_stride = view.row_stride;
-  p.y_row_stride = view.cols;
-  p.dtype = to_kernel_dtype(x.scalar_type());
-  check_launch(fn, flashext::run_online_softmax(p, current_stream(x)));
-  return y;
-}
-
 void register_attention_impls(torch::Library& m) {
   m.impl("flash_attn_fwd", &flash_attn_fwd);
   m.impl("flash_attn_varlen_fwd", &flash_attn_varlen_fwd);
-  m.impl("online_softmax", &online_softmax);
 }
 
 }  // namespace
 
-// CUDA tensors run the kernel; CPU tensors reach the same checks, which refuse them by name.
+// CUDA tensors run the kernel; CPU tensors reach the same checks, which refuse them by name; meta
+// (fake) tensors get every check but the device ones, and empty outputs of the right shape.
 TORCH_LIBRARY_IMPL(flashext, CUDA, m) { register_attention_impls(m); }
 TORCH_LIBRARY_IMPL(flashext, CPU, m) { register_attention_impls(m); }
+TORCH_LIBRARY_IMPL(flashext, Meta, m) { register_attention_impls(m); }
 
 }  // namespace flashext_torch

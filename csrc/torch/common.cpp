@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <ATen/MemoryOverlap.h>
+#include <c10/core/SymNodeImpl.h>
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -25,17 +26,26 @@ bool device_supported(int device, int* major, int* minor) {
 
 }  // namespace
 
-void detail::append(std::string& s, at::IntArrayRef shape) {
+void detail::append(std::string& s, const c10::SymInt& v) {
+  if (const auto value = v.maybe_as_int()) {
+    s += std::to_string(*value);
+  } else {
+    s += v.toSymNode()->str();
+  }
+}
+
+void detail::append(std::string& s, c10::SymIntArrayRef shape) {
   s += '[';
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
+    append(s, shape[i]);
   }
   s += ']';
 }
 
 void check_cuda_tensor(const char* fn, const at::Tensor& t, const char* name) {
   FX_CHECK(t.defined(), fn, ": argument '", name, "' is undefined (None)");
+  if (is_meta(t)) return;
   FX_CHECK(t.is_cuda(), fn, ": argument '", name, "' must be a CUDA tensor, got a tensor on ",
            t.device());
   int major = 0, minor = 0;
@@ -66,9 +76,10 @@ void check_same_device_dtype(const char* fn, const at::Tensor& ref, const char* 
 void check_out_tensor(const char* fn, const at::Tensor& out, const at::Tensor& like,
                       std::initializer_list<at::Tensor> inputs) {
   check_same_device_dtype(fn, like, "x", out, "out");
-  FX_CHECK(out.sizes() == like.sizes(), fn, ": argument 'out' must have shape ", like.sizes(),
-              ", got ", out.sizes());
+  FX_CHECK(out.sym_sizes() == like.sym_sizes(), fn, ": argument 'out' must have shape ", like.sym_sizes(),
+           ", got ", out.sym_sizes());
   FX_CHECK(out.is_contiguous(), fn, ": argument 'out' must be contiguous");
+  if (is_meta(out)) return;
   for (const at::Tensor& input : inputs) {
     FX_CHECK(at::get_overlap_status(out, input) != at::MemOverlapStatus::Partial, fn,
                 ": argument 'out' partially overlaps an input; it may alias one exactly or not at all");

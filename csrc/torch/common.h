@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/SymInt.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
@@ -28,7 +29,9 @@ inline void append(std::string& s, int64_t v) { s += std::to_string(v); }
 inline void append(std::string& s, int v) { s += std::to_string(v); }
 inline void append(std::string& s, const c10::Device& v) { s += v.str(); }
 inline void append(std::string& s, at::ScalarType v) { s += c10::toString(v); }
-void append(std::string& s, at::IntArrayRef shape);  // "[2, 3]"
+void append(std::string& s, const c10::SymInt& v);  // the value, or its symbol while tracing
+void append(std::string& s, c10::SymIntArrayRef shape);  // "[2, 3]"
+inline void append(std::string& s, at::IntArrayRef shape) { append(s, c10::fromIntArrayRefSlow(shape)); }
 }  // namespace detail
 
 // Raise a RuntimeError whose message is the concatenation of the pieces.
@@ -45,12 +48,21 @@ template <typename... Pieces>
     if (!(cond)) ::flashext_torch::fail(__VA_ARGS__);         \
   } while (0)
 
-// `t` is defined, on a CUDA device, and this build holds kernels for that device.
+// ---- one check per op, for the CUDA kernel and for tracing ----------------------------------
+// Every op registers one function for the CUDA, CPU and Meta dispatch keys. It checks its
+// inputs, allocates its outputs, and launches only on CUDA tensors. Meta tensors are what
+// torch.compile's fake tensors reach (FakeTensorMode runs the Meta kernel): they get every check
+// but the device ones, with the same words, and shapes may be symbolic there, so the checks read
+// sizes through sym_size()/sym_sizes() (c10::SymInt compares like an integer; while tracing a
+// comparison becomes a guard).
+inline bool is_meta(const at::Tensor& t) { return t.is_meta(); }
+
+// `t` is defined and, unless it is a meta tensor, on a CUDA device this build holds kernels for.
 void check_cuda_tensor(const char* fn, const at::Tensor& t, const char* name);
 
 // Refuses anything the kernels cannot take, naming the public function (fn) and the argument:
 // a tensor that is not on a CUDA device, or whose dtype is not float32/float16/bfloat16, or a
-// device this build has no kernels for.
+// device this build has no kernels for (the device checks are skipped for meta tensors).
 void check_float_cuda_tensor(const char* fn, const at::Tensor& t, const char* name);
 
 // `t` lives on the same device and has the same dtype as `ref`.
@@ -58,7 +70,7 @@ void check_same_device_dtype(const char* fn, const at::Tensor& ref, const char* 
                              const at::Tensor& t, const char* name);
 
 // `out` can receive a result of shape/dtype/device of `like`: contiguous, and not partially
-// overlapping any input (exact aliasing, for in-place use, is allowed).
+// overlapping any input (exact aliasing, for in-place use, is allowed; not checkable on meta).
 void check_out_tensor(const char* fn, const at::Tensor& out, const at::Tensor& like,
                       std::initializer_list<at::Tensor> inputs);
 

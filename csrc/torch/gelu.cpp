@@ -1,5 +1,6 @@
-// flashext GeLU epilogues: torch glue. Checks inputs (one place for the family), builds the
-// params structs of flashext/gelu.h and launches on the current stream. Schemas: registration.cpp.
+// flashext GeLU epilogues: torch glue. Checks inputs (one place for the family, for the CUDA
+// kernels and for tracing alike: see common.h), builds the params structs of flashext/gelu.h and
+// launches on the current stream. Schemas: registration.cpp.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -25,23 +26,23 @@ flashext::GeluApprox parse_approximate(const char* fn, std::string_view approxim
 
 // ---- add + GeLU: x, y, grad_out of one shape; dense copies of non-contiguous views ----------
 
-void check_add_gelu_inputs(const char* fn, const at::Tensor& x, const at::Tensor& y,
-                           const at::Tensor* grad_out) {
+// The checks of every add + GeLU op; returns the parsed `approximate`.
+flashext::GeluApprox check_add_gelu_inputs(const char* fn, const at::Tensor& x, const at::Tensor& y,
+                                           const at::Tensor* grad_out, std::string_view approximate) {
   check_float_cuda_tensor(fn, x, "x");
   check_same_device_dtype(fn, x, "x", y, "y");
-  FX_CHECK(y.sizes() == x.sizes(), fn, ": argument 'y' must have the shape of 'x' (",
-              x.sizes(), "), got ", y.sizes());
+  FX_CHECK(y.sym_sizes() == x.sym_sizes(), fn, ": argument 'y' must have the shape of 'x' (", x.sym_sizes(),
+           "), got ", y.sym_sizes());
   if (grad_out != nullptr) {
     check_same_device_dtype(fn, x, "x", *grad_out, "grad_out");
-    FX_CHECK(grad_out->sizes() == x.sizes(), fn, ": argument 'grad_out' must have the shape of 'x' (",
-                x.sizes(), "), got ", grad_out->sizes());
+    FX_CHECK(grad_out->sym_sizes() == x.sym_sizes(), fn, ": argument 'grad_out' must have the shape of 'x' (",
+             x.sym_sizes(), "), got ", grad_out->sym_sizes());
   }
+  return parse_approximate(fn, approximate);
 }
 
-void launch_add_gelu(const at::Tensor& x_in, const at::Tensor& y_in, const std::string& approximate,
-                     at::Tensor& out) {
-  const auto approx = parse_approximate(kAddGelu, approximate);
-  if (x_in.numel() == 0) return;
+void launch_add_gelu(const at::Tensor& x_in, const at::Tensor& y_in, flashext::GeluApprox approx, at::Tensor& out) {
+  if (is_meta(x_in) || x_in.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), y = y_in.contiguous();  // copies only for strided views
   flashext::AddGeluParams params;
@@ -55,24 +56,23 @@ void launch_add_gelu(const at::Tensor& x_in, const at::Tensor& y_in, const std::
 }
 
 at::Tensor add_gelu(const at::Tensor& x, const at::Tensor& y, std::string approximate) {
-  check_add_gelu_inputs(kAddGelu, x, y, nullptr);
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  launch_add_gelu(x, y, approximate, out);
+  const auto approx = check_add_gelu_inputs(kAddGelu, x, y, nullptr, approximate);
+  at::Tensor out = at::empty_symint(x.sym_sizes(), x.options());
+  launch_add_gelu(x, y, approx, out);
   return out;
 }
 
 void add_gelu_out(const at::Tensor& x, const at::Tensor& y, std::string approximate, at::Tensor out) {
-  check_add_gelu_inputs(kAddGelu, x, y, nullptr);
+  const auto approx = check_add_gelu_inputs(kAddGelu, x, y, nullptr, approximate);
   check_out_tensor(kAddGelu, out, x, {x, y});
-  launch_add_gelu(x, y, approximate, out);
+  launch_add_gelu(x, y, approx, out);
 }
 
 at::Tensor add_gelu_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& y,
                              std::string approximate) {
-  check_add_gelu_inputs(kAddGelu, x, y, &grad_out);
-  const auto approx = parse_approximate(kAddGelu, approximate);
-  at::Tensor grad_in = at::empty(x.sizes(), x.options());
-  if (x.numel() == 0) return grad_in;
+  const auto approx = check_add_gelu_inputs(kAddGelu, x, y, &grad_out, approximate);
+  at::Tensor grad_in = at::empty_symint(x.sym_sizes(), x.options());
+  if (is_meta(x) || x.numel() == 0) return grad_in;
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor g = grad_out.contiguous(), xc = x.contiguous(), yc = y.contiguous();
   flashext::AddGeluBwdParams params;
@@ -89,25 +89,25 @@ at::Tensor add_gelu_backward(const at::Tensor& grad_out, const at::Tensor& x, co
 
 // ---- bias + GeLU: x viewed as rows × cols (cols = last dim), bias of length cols -----------
 
-void check_bias_gelu_inputs(const char* fn, const at::Tensor& x, const at::Tensor& bias,
-                            const at::Tensor* grad_out) {
+// The checks of every bias + GeLU op; returns the parsed `approximate`.
+flashext::GeluApprox check_bias_gelu_inputs(const char* fn, const at::Tensor& x, const at::Tensor& bias,
+                                            const at::Tensor* grad_out, std::string_view approximate) {
   check_float_cuda_tensor(fn, x, "x");
   check_same_device_dtype(fn, x, "x", bias, "bias");
   FX_CHECK(x.dim() >= 1, fn, ": argument 'x' must have at least one dimension, got a scalar");
-  FX_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), fn,
-              ": argument 'bias' must be 1-D of length x.shape[-1] = ", x.size(-1), ", got shape ",
-              bias.sizes());
+  FX_CHECK(bias.dim() == 1 && bias.sym_size(0) == x.sym_size(-1), fn,
+           ": argument 'bias' must be 1-D of length x.shape[-1] = ", x.sym_size(-1), ", got shape ",
+           bias.sym_sizes());
   if (grad_out != nullptr) {
     check_same_device_dtype(fn, x, "x", *grad_out, "grad_out");
-    FX_CHECK(grad_out->sizes() == x.sizes(), fn, ": argument 'grad_out' must have the shape of 'x' (",
-                x.sizes(), "), got ", grad_out->sizes());
+    FX_CHECK(grad_out->sym_sizes() == x.sym_sizes(), fn, ": argument 'grad_out' must have the shape of 'x' (",
+             x.sym_sizes(), "), got ", grad_out->sym_sizes());
   }
+  return parse_approximate(fn, approximate);
 }
 
-void launch_bias_gelu(const at::Tensor& x, const at::Tensor& bias, const std::string& approximate,
-                      at::Tensor& out) {
-  const auto approx = parse_approximate(kBiasGelu, approximate);
-  if (x.numel() == 0) return;
+void launch_bias_gelu(const at::Tensor& x, const at::Tensor& bias, flashext::GeluApprox approx, at::Tensor& out) {
+  if (is_meta(x) || x.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   const RowView view = row_view(x);
   const at::Tensor b = bias.contiguous();
@@ -124,23 +124,23 @@ void launch_bias_gelu(const at::Tensor& x, const at::Tensor& bias, const std::st
 }
 
 at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, std::string approximate) {
-  check_bias_gelu_inputs(kBiasGelu, x, bias, nullptr);
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  launch_bias_gelu(x, bias, approximate, out);
+  const auto approx = check_bias_gelu_inputs(kBiasGelu, x, bias, nullptr, approximate);
+  at::Tensor out = at::empty_symint(x.sym_sizes(), x.options());
+  launch_bias_gelu(x, bias, approx, out);
   return out;
 }
 
 void bias_gelu_out(const at::Tensor& x, const at::Tensor& bias, std::string approximate, at::Tensor out) {
-  check_bias_gelu_inputs(kBiasGelu, x, bias, nullptr);
+  const auto approx = check_bias_gelu_inputs(kBiasGelu, x, bias, nullptr, approximate);
   check_out_tensor(kBiasGelu, out, x, {x, bias});
-  launch_bias_gelu(x, bias, approximate, out);
+  launch_bias_gelu(x, bias, approx, out);
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_out, const at::Tensor& x,
                                                       const at::Tensor& bias, std::string approximate) {
-  check_bias_gelu_inputs(kBiasGelu, x, bias, &grad_out);
-  const auto approx = parse_approximate(kBiasGelu, approximate);
-  at::Tensor grad_x = at::empty(x.sizes(), x.options());
+  const auto approx = check_bias_gelu_inputs(kBiasGelu, x, bias, &grad_out, approximate);
+  at::Tensor grad_x = at::empty_symint(x.sym_sizes(), x.options());
+  if (is_meta(x)) return {grad_x, at::empty_symint(bias.sym_sizes(), bias.options())};
   if (x.size(-1) == 0) return {grad_x, at::empty(bias.sizes(), bias.options())};
   if (x.numel() == 0) return {grad_x, at::zeros(bias.sizes(), bias.options())};
   const c10::cuda::CUDAGuard guard(x.device());
@@ -181,8 +181,10 @@ void register_gelu_impls(torch::Library& m) {
 
 }  // namespace
 
-// CUDA tensors run the kernels; CPU tensors reach the same checks, which refuse them by name.
+// CUDA tensors run the kernels; CPU tensors reach the same checks, which refuse them by name; meta
+// (fake) tensors get every check but the device ones, and empty outputs of the right shape.
 TORCH_LIBRARY_IMPL(flashext, CUDA, m) { register_gelu_impls(m); }
 TORCH_LIBRARY_IMPL(flashext, CPU, m) { register_gelu_impls(m); }
+TORCH_LIBRARY_IMPL(flashext, Meta, m) { register_gelu_impls(m); }
 
 }  // namespace flashext_torch

@@ -55,21 +55,3 @@ int flash_fwd_kernel_head_dim(int head_dim);
 cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
 
 }  // namespace flashext
-
-namespace flashext {
-
-// y = softmax(x) over the last dim of a rows × cols matrix (row strides given, last dim
-// contiguous), in one read of x when a row fits the block's registers (cols ≤ 32768), else
-// two. The running max and sum are kept online (Milakov & Gimelshein, 2018). A row of all −inf
-// gives NaN, as torch.softmax does. fp32/fp16/bf16 storage, fp32 math.
-struct OnlineSoftmaxParams {
-  const void* x = nullptr;
-  void* y = nullptr;
-  int64_t rows = 0, cols = 0;
-  int64_t x_row_stride = 0, y_row_stride = 0;
-  DType dtype = DType::kFloat32;
-};
-
-cudaError_t run_online_softmax(const OnlineSoftmaxParams& params, cudaStream_t stream);
-
-}  // namespace flashext

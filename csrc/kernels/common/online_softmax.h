@@ -37,6 +37,20 @@ FX_HOST_DEVICE SoftmaxState merge_softmax_states(SoftmaxState a, SoftmaxState b)
   return {m, a.row_sum * rescale_factor(a.row_max, m) + b.row_sum * rescale_factor(b.row_max, m)};
 }
 
+// The same bookkeeping with the max kept in the scores' own units and the exponent's scale applied
+// after the subtraction: l = Σ 2^((s − m) · scale_log2). Near the max, s − m is exact (Sterbenz), so
+// the largest terms keep every digit; folding the scale in first, 2^(s · c − m · c), loses what
+// fp32 cannot hold of s · c (for |s · c| ~ 1e4, about 1e-3 of the exponent: a one-element row
+// would come out as 0.9995). online_softmax uses these.
+FX_HOST_DEVICE float rescale_factor(float old_max, float new_max, float scale_log2) {
+  return exp2f((safe_row_max(old_max) - safe_row_max(new_max)) * scale_log2) * (old_max == -INFINITY ? 0.0f : 1.0f);
+}
+
+FX_HOST_DEVICE SoftmaxState merge_softmax_states(SoftmaxState a, SoftmaxState b, float scale_log2) {
+  const float m = fmaxf(a.row_max, b.row_max);
+  return {m, a.row_sum * rescale_factor(a.row_max, m, scale_log2) + b.row_sum * rescale_factor(b.row_max, m, scale_log2)};
+}
+
 // Natural-log log-sum-exp of a finished row from its log2-unit state; −inf for an empty row.
 FX_HOST_DEVICE float row_lse(SoftmaxState s) {
   return s.row_sum == 0.0f ? -INFINITY : (s.row_max + log2f(s.row_sum)) * kLn2;

@@ -1,5 +1,8 @@
 // flashext online softmax: y = softmax(x) over each row, the running max/sum of FlashAttention
-// as an op of its own.
+// as an op of its own:  m = max x,  l = Σ 2^((x − m) · log2 e),  y = 2^((x − m) · log2 e) / l.
+// The max stays in x's units and log2 e multiplies x − m, which is exact near the max, so huge
+// logits keep their digits (common/online_softmax.h). NaN or +inf in a row makes l NaN, and a row of
+// only −inf has l = 0: both rows come out all NaN, as torch.softmax's do.
 //
 // Vector path (rows 16-byte aligned, cols a multiple of the 16-byte pack): one block per row
 // (blockIdx.x strides over rows), blockDim = the fewest warps that hold the row in kHeadPacks
@@ -8,7 +11,8 @@
 // 65536 fp16/bf16 columns) are read once and written once. Packs past that (the row's tail) are
 // folded into the running state as they stream by and read again for the output (the re-read
 // mostly hits L2). Each thread keeps (row_max, row_sum) in log2 units over its own values; warps
-// merge with shuffles, then warp 0 merges the warp states from shared memory.
+// merge with shuffles, then warp 0 merges the warp states from shared memory. The state is
+// (row_max in x's units, row_sum).
 // Scalar path (any other layout): 1024 threads per row, one element per access, two reads.
 // Napkin math: fp32 4096 columns is 32 KiB per row read + written; 128 threads × 8 packs of 16 B
 // put the whole row in flight at once.
@@ -20,7 +24,7 @@
 #include "../common/online_softmax.h"
 #include "../common/ptx.cuh"
 #include "../common/vec.cuh"
-#include "flashext/attention.h"
+#include "flashext/online_softmax.h"
 
 namespace flashext {
 namespace {
@@ -33,7 +37,7 @@ FX_DEVICE SoftmaxState warp_merge(SoftmaxState s) {
   for (int offset = 16; offset > 0; offset /= 2) {
     const SoftmaxState other{__shfl_xor_sync(0xffffffffu, s.row_max, offset),
                              __shfl_xor_sync(0xffffffffu, s.row_sum, offset)};
-    s = merge_softmax_states(s, other);
+    s = merge_softmax_states(s, other, kLog2e);
   }
   return s;
 }
@@ -61,16 +65,19 @@ FX_DEVICE SoftmaxState block_merge(SoftmaxState s) {
   return result;
 }
 
-// Fold n scores (log2 units) into a running state: one rescale per group, not per score.
+// 2^((x − base) · log2 e) = e^(x − base).
+FX_DEVICE float exp_from(float x, float base) { return ptx::exp2_approx((x - base) * kLog2e); }
+
+// Fold n values into a running state: one rescale per group, not per value.
 template <int N>
-FX_DEVICE SoftmaxState push(SoftmaxState s, const float (&score)[N]) {
+FX_DEVICE SoftmaxState push(SoftmaxState s, const float (&value)[N]) {
   float m = s.row_max;
 #pragma unroll
-  for (int i = 0; i < N; ++i) m = fmaxf(m, score[i]);
-  float sum = s.row_sum * rescale_factor(s.row_max, m);
+  for (int i = 0; i < N; ++i) m = fmaxf(m, value[i]);
+  float sum = s.row_sum * rescale_factor(s.row_max, m, kLog2e);
   const float base = safe_row_max(m);
 #pragma unroll
-  for (int i = 0; i < N; ++i) sum += ptx::exp2_approx(score[i] - base);
+  for (int i = 0; i < N; ++i) sum += exp_from(value[i], base);
   return {m, sum};
 }
 
@@ -116,26 +123,26 @@ __global__ void __launch_bounds__(kMaxThreads) online_softmax_vec_kernel(const O
         thread_max = fmaxf(thread_max, pack_max(head[i]));
       }
     }
-    const float head_base = safe_row_max(thread_max) * kLog2e;
+    const float head_base = safe_row_max(thread_max);
     float thread_sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < kHeadPacks; ++i) {
       if (threadIdx.x + int64_t(i) * blockDim.x < packs) {
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) thread_sum += ptx::exp2_approx(fmaf(to_float(head[i].elem[e]), kLog2e, -head_base));
+        for (int e = 0; e < kVec; ++e) thread_sum += exp_from(to_float(head[i].elem[e]), head_base);
       }
     }
-    SoftmaxState state{thread_max * kLog2e, thread_sum};
+    SoftmaxState state{thread_max, thread_sum};
     const int64_t tail_start = threadIdx.x + int64_t(kHeadPacks) * blockDim.x;
     for (int64_t pack = tail_start; pack < packs; pack += blockDim.x) {
       const P v = load_pack<T, kVec>(x, pack);
-      float score[kVec];
+      float value[kVec];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) score[e] = to_float(v.elem[e]) * kLog2e;
-      state = push(state, score);
+      for (int e = 0; e < kVec; ++e) value[e] = to_float(v.elem[e]);
+      state = push(state, value);
     }
     state = block_merge(state);
-    const float inv = 1.0f / state.row_sum;  // 0 sum (all −inf) → inf · 0 = NaN, as torch
+    const float inv = 1.0f / state.row_sum;  // l = 0 (all −inf): inf · 0 = NaN; l = NaN: NaN
     const float base = safe_row_max(state.row_max);
 #pragma unroll
     for (int i = 0; i < kHeadPacks; ++i) {
@@ -144,7 +151,7 @@ __global__ void __launch_bounds__(kMaxThreads) online_softmax_vec_kernel(const O
         P out;
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
-          out.elem[e] = from_float<T>(ptx::exp2_approx(fmaf(to_float(head[i].elem[e]), kLog2e, -base)) * inv);
+          out.elem[e] = from_float<T>(exp_from(to_float(head[i].elem[e]), base) * inv);
         }
         store_pack<T, kVec>(y, pack, out);
       }
@@ -153,7 +160,7 @@ __global__ void __launch_bounds__(kMaxThreads) online_softmax_vec_kernel(const O
       const P v = load_pack<T, kVec>(x, pack);
       P out;
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) out.elem[e] = from_float<T>(ptx::exp2_approx(fmaf(to_float(v.elem[e]), kLog2e, -base)) * inv);
+      for (int e = 0; e < kVec; ++e) out.elem[e] = from_float<T>(exp_from(to_float(v.elem[e]), base) * inv);
       store_pack<T, kVec>(y, pack, out);
     }
   }
@@ -168,14 +175,14 @@ __global__ void __launch_bounds__(kMaxThreads) online_softmax_scalar_kernel(cons
     T* y = y_all + row * p.y_row_stride;
     SoftmaxState state{-INFINITY, 0.0f};
     for (int64_t col = threadIdx.x; col < p.cols; col += blockDim.x) {
-      const float score[1] = {to_float(x[col]) * kLog2e};
-      state = push(state, score);
+      const float value[1] = {to_float(x[col])};
+      state = push(state, value);
     }
     state = block_merge(state);
     const float inv = 1.0f / state.row_sum;
     const float base = safe_row_max(state.row_max);
     for (int64_t col = threadIdx.x; col < p.cols; col += blockDim.x) {
-      y[col] = from_float<T>(ptx::exp2_approx(fmaf(to_float(x[col]), kLog2e, -base)) * inv);
+      y[col] = from_float<T>(exp_from(to_float(x[col]), base) * inv);
     }
   }
 }
