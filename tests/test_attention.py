@@ -1,7 +1,7 @@
 """flashext.flash_attention, flash_attention_varlen and scaled_dot_product_attention: semantics,
 precision (DESIGN.md's rule: at most 2× plain PyTorch's error in the same dtype, + 1e-5, for the
-output and the lse), layouts, masks, ragged batches, errors, tracing and graph capture.
-GPU tests skip where no CUDA device is visible."""
+output and the lse), layouts, masks, ragged batches, numerics at the edges, errors, tracing and
+graph capture. GPU tests skip where no CUDA device is visible."""
 
 import pytest
 import torch
@@ -10,32 +10,11 @@ import torch.nn.functional as F
 import flashext
 from flashext import reference as ref
 from flashext.testing import assert_close, poison_cache
-from tests.conftest import requires_cuda
+from tests.helpers import CHECK_DEVICES, HALF_DTYPES as DTYPES, HALF_IDS as DTYPE_IDS, at_offset, check_attention
+from tests.helpers import cu_seqlens, make_qkv, randn, requires_cuda
 
-DTYPES = [torch.float16, torch.bfloat16]
-DTYPE_IDS = ["float16", "bfloat16"]
 SEQLENS = [(1, 1), (1, 300), (113, 203), (128, 217), (255, 1), (512, 256), (1023, 1024), (2048, 2048)]
-
-
-def make(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, packed=False, scale=1.0):
-    if packed:  # q, k, v as strided views of one packed qkv tensor
-        qkv = (torch.randn(batch, seqlen_q, 3, heads, head_dim, device="cuda") * scale).to(dtype)
-        return qkv[:, :, 0], qkv[:, :, 1, :heads_kv], qkv[:, :, 2, :heads_kv]
-    return ((torch.randn(batch, seqlen_q, heads, head_dim, device="cuda") * scale).to(dtype),
-            torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda").to(dtype),
-            torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda").to(dtype))
-
-
-def check(q, k, v, **kwargs):
-    poison_cache(q)
-    out, lse = flashext.flash_attention(q, k, v, return_lse=True, **kwargs)
-    assert out.shape == q.shape and out.dtype == q.dtype
-    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
-    want, want_lse = ref.attention(q, k, v, return_lse=True, **kwargs)
-    base, base_lse = ref.attention(q, k, v, return_lse=True, compute_dtype=q.dtype, **kwargs)
-    assert_close(f"out {kwargs}", out, want, base)
-    assert_close(f"lse {kwargs}", lse, want_lse, base_lse.float())
-    return out, lse
+make, check = make_qkv, check_attention
 
 
 # ---- correctness on the GPU ---------------------------------------------------------------------
@@ -192,38 +171,6 @@ def test_memory_is_linear_in_sequence_length():
     del out
 
 
-# ---- online softmax --------------------------------------------------------------------------------
-
-
-@requires_cuda
-@pytest.mark.parametrize("cols", [1, 7, 1000, 4096, 32768, 32769, 65536, 98304, 100003])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
-def test_online_softmax(dtype, cols):
-    x = (torch.randn(max(1, 2**21 // cols), cols, device="cuda") * 5).to(dtype)
-    x[0, : cols // 2] = float("-inf")  # masked entries
-    poison_cache(x)
-    got = flashext.online_softmax(x)
-    assert_close(f"online_softmax {cols}", got, torch.softmax(x.double(), -1), torch.softmax(x, -1))
-
-
-@requires_cuda
-def test_online_softmax_layouts_and_edge_rows():
-    x = torch.randn(64, 3000, device="cuda", dtype=torch.bfloat16)
-    assert_close("strided rows", flashext.online_softmax(x[:, :1000]), torch.softmax(x[:, :1000].double(), -1),
-                 torch.softmax(x[:, :1000], -1))
-    assert_close("transposed", flashext.online_softmax(x.t()), torch.softmax(x.t().double(), -1), torch.softmax(x.t(), -1))
-    # 16-byte aligned rows with a row stride (vector path), and an unaligned start (scalar path)
-    z = torch.randn(65, 4096, device="cuda", dtype=torch.float32)
-    assert_close("aligned strided rows", flashext.online_softmax(z[:, 8:]), torch.softmax(z[:, 8:].double(), -1),
-                 torch.softmax(z[:, 8:], -1))
-    shifted = z.flatten()[1 : 1 + 64 * 4096].view(64, 4096)
-    assert_close("unaligned start", flashext.online_softmax(shifted), torch.softmax(shifted.double(), -1),
-                 torch.softmax(shifted, -1))
-    y = torch.full((3, 17), float("-inf"), device="cuda")
-    assert torch.isnan(flashext.online_softmax(y)).all() and torch.isnan(torch.softmax(y, -1)).all()
-    assert flashext.online_softmax(torch.empty(0, 5, device="cuda")).shape == (0, 5)
-
-
 # ---- tracing, graphs, modes ----------------------------------------------------------------------
 
 
@@ -264,7 +211,131 @@ def test_inference_mode_and_gradients_refused():
         out.sum().backward()
 
 
-# ---- bad input ----------------------------------------------------------------------------------
+# ---- numerics at the edges ------------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_huge_logits_stay_finite_and_match(dtype, head_dim):
+    # q and k scaled ×100: scores of about 1e4·√D, far past fp16's range, so PyTorch's own attention
+    # in that dtype (the rule's usual baseline) overflows; the baseline is SDPA's default kernel in
+    # the input dtype instead, which keeps fp32 scores as ours does.
+    for causal, (seqlen_q, seqlen_k) in ((True, (256, 256)), (True, (1000, 1000)), (False, (300, 700)),
+                                         (True, (100, 300)), (False, (1, 129))):
+        q, k, v = make(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype, scale=100.0, k_scale=100.0)
+        poison_cache(q)
+        out, lse = flashext.flash_attention(q, k, v, causal=causal, return_lse=True)
+        want, want_lse = ref.attention(q, k, v, causal=causal, return_lse=True)
+        assert torch.isfinite(out).all() and torch.isfinite(lse).all(), f"causal={causal} {seqlen_q}x{seqlen_k}"
+        if seqlen_q == seqlen_k or not causal:
+            base = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=causal, enable_gqa=True).transpose(1, 2)
+            assert_close(f"x100 causal={causal} {seqlen_q}x{seqlen_k}", out, want, base)
+        # lse ~ 1e4 here: its error is a few fp32 steps of the scaled row max
+        assert ((lse.double() - want_lse.double()).abs() <= 2**-20 * want_lse.double().abs() + 1e-3).all()
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_nan_stays_in_its_batch_entry(dtype):
+    q, k, v = make(3, 200, 200, 4, 2, 64, dtype)
+    q[1, 7, 2, 5] = float("nan")
+    k[1, 150, 0, 3] = float("nan")
+    for causal in (False, True):
+        out = flashext.flash_attention(q, k, v, causal=causal)
+        for b in (0, 2):
+            assert_close(f"batch {b}", out[b:b + 1], ref.attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], causal=causal),
+                         ref.attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], causal=causal, compute_dtype=dtype))
+        assert torch.isnan(out[1]).any()
+
+
+@requires_cuda
+@pytest.mark.parametrize("seqlen", [1, 17, 127, 129, 1000])
+def test_lengths_that_are_not_tile_multiples(seqlen):
+    for head_dim in (64, 128, 256):
+        check(*make(2, seqlen, seqlen, 4, 1, head_dim, torch.bfloat16), causal=True)
+        check(*make(1, seqlen, 129, 2, 2, head_dim, torch.float16))
+
+
+@requires_cuda
+def test_empty_batch_and_zero_lengths():
+    for batch, seqlen_q, seqlen_k in ((0, 16, 16), (2, 0, 16), (2, 16, 0), (2, 0, 0)):
+        q, k, v = make(batch, seqlen_q, seqlen_k, 4, 2, 64, torch.float16)
+        out, lse = flashext.flash_attention(q, k, v, return_lse=True)
+        assert out.shape == q.shape and lse.shape == (batch, 4, seqlen_q)
+        if seqlen_k == 0:  # queries that see no key: 0 and −inf
+            assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+    q, k, v = make(1, 0, 0, 4, 2, 64, torch.float16)
+    out = flashext.flash_attention_varlen(q[0], k[0], v[0], cu_seqlens([]), cu_seqlens([]), 0, 0)
+    assert out.shape == (0, 4, 64)
+
+
+@requires_cuda
+def test_inputs_are_never_written():
+    q, k, v = make(2, 300, 333, 8, 2, 128, torch.bfloat16)
+    before = [t.clone() for t in (q, k, v)]
+    flashext.flash_attention(q, k, v, causal=True)
+    flashext.flash_attention(q, k, v, window_size=(50, 7), softcap=10.0)
+    flashext.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))
+
+
+@requires_cuda
+def test_eight_streams_at_once_match_one_stream():
+    problems = [make(2, 100 + 37 * i, 200 + 11 * i, 8, 2 ** (i % 4), 64 * (1 + i % 2), torch.float16)
+                for i in range(8)]
+    want = [flashext.flash_attention(*p, causal=i % 2 == 1) for i, p in enumerate(problems)]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in problems]
+    got = []
+    for i, (stream, p) in enumerate(zip(streams, problems)):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            got.append(flashext.flash_attention(*p, causal=i % 2 == 1))
+    for stream in streams:
+        torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@requires_cuda
+@pytest.mark.parametrize("offset", [1, 2, 3, 4, 5, 8])
+def test_any_start_alignment(offset):
+    # Views that start `offset` elements into their storage: contiguous, but not 16-byte aligned
+    # (they are copied before the launch), dense, varlen and the SDPA entry alike.
+    q, k, v = (at_offset(t, offset) for t in make(2, 100, 77, 4, 2, 64, torch.float16))
+    check(q, k, v, causal=True)
+    cu_q, cu_k = cu_seqlens([100, 100]), cu_seqlens([77, 77])
+    flat = [t.reshape(-1, t.shape[2], t.shape[3]) for t in (q, k, v)]
+    flat = [at_offset(t, offset) for t in flat]
+    out = flashext.flash_attention_varlen(*flat, cu_q, cu_k, 100, 77)
+    want = ref.attention_varlen(*flat, cu_q, cu_k)
+    assert_close("varlen at an offset", out, want, ref.attention_varlen(*flat, cu_q, cu_k, compute_dtype=torch.float16))
+    got = flashext.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
+    assert_close("sdpa at an offset", got.transpose(1, 2), ref.attention(q, k, v),
+                 ref.attention(q, k, v, compute_dtype=torch.float16))
+
+
+@requires_cuda
+@pytest.mark.large
+def test_past_2_to_the_31_elements():
+    # 2^31 + a row of elements in q, k and v each (4 GiB apiece): 64-bit offsets throughout. Only a
+    # few rows at the far end are compared (the reference materialises S × S).
+    seqlen, heads, head_dim = 2**31 // (16 * 128) + 1, 16, 128  # B = 1
+    q, k, v = make(1, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16)
+    assert q.numel() > 2**31
+    window = (1000, 0)  # causal with a window: each query sees its last 1001 keys
+    out = flashext.flash_attention(q, k, v, causal=True, window_size=window)
+    rows = slice(seqlen - 129, seqlen)
+    keys = slice(seqlen - 129 - 1000, seqlen)
+    want = ref.attention(q[:, rows], k[:, keys], v[:, keys], causal=True, window_size=window)
+    base = ref.attention(q[:, rows], k[:, keys], v[:, keys], causal=True, window_size=window, compute_dtype=torch.bfloat16)
+    assert_close("past 2^31", out[:, rows], want, base)
+
+
+# ---- bad input: refused before any launch, with the same words on CUDA and in tracing (meta) ----
 
 
 def test_cpu_tensors_are_refused():
@@ -283,12 +354,7 @@ def test_sdpa_unsupported_arguments_are_refused():
         flashext.scaled_dot_product_attention(q, q[:, :1], q[:, :1])
 
 
-def test_online_softmax_refuses_cpu_and_integer_input():
-    with pytest.raises(RuntimeError, match=r"flashext.online_softmax: argument 'x' must be a CUDA tensor"):
-        flashext.online_softmax(torch.randn(4, 4))
-
-
-def test_fake_kernels_on_meta():
+def test_output_shapes_on_meta():
     q = torch.empty(2, 5, 6, 64, device="meta", dtype=torch.bfloat16)
     k = torch.empty(2, 9, 2, 64, device="meta", dtype=torch.bfloat16)
     out, lse = torch.ops.flashext.flash_attn_fwd(q, k, k)
@@ -296,34 +362,58 @@ def test_fake_kernels_on_meta():
     cu = torch.empty(3, device="meta", dtype=torch.int32)
     out, lse = torch.ops.flashext.flash_attn_varlen_fwd(q[0], k[0], k[0], cu, cu, 5, 9)
     assert out.shape == (5, 6, 64) and lse.shape == (6, 5)
-    assert torch.ops.flashext.online_softmax(torch.empty(3, 7, device="meta")).shape == (3, 7)
 
 
-@requires_cuda
-def test_bad_input():
-    q, k, v = make(2, 16, 16, 6, 2, 64, torch.bfloat16)
+def test_symbolic_shapes_trace_through_the_checks():
+    # torch.compile with dynamic shapes reaches the Meta registration with symbolic sizes.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(q, k, v):
+        return flashext.flash_attention(q, k, v, causal=True, window_size=(17, -1))
+
+    graph = make_fx(f, tracing_mode="symbolic")(torch.randn(2, 33, 4, 64).half(), torch.randn(2, 40, 2, 64).half(),
+                                                torch.randn(2, 40, 2, 64).half())
+    targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert "flashext.flash_attn_fwd.default" in targets
+
+
+@pytest.mark.parametrize("device", CHECK_DEVICES)
+def test_bad_input(device):
+    q, k, v = make(2, 16, 16, 6, 2, 64, torch.bfloat16, device=device)
     fn = r"flashext.flash_attention: "
     cases = [
         ((q.float(), k.float(), v.float()), r"argument 'q' must be float16 or bfloat16, got Float"),
+        ((q.double(), k.double(), v.double()), r"argument 'q' must be float16 or bfloat16, got Double"),
         ((q, k.half(), v), r"argument 'k' must have the dtype of 'q'"),
-        ((q, k.cpu(), v), r"argument 'k' must be on the same device as 'q'"),
+        ((q, torch.empty(k.shape, dtype=k.dtype, device="cpu"), v), r"argument 'k' must be on the same device as 'q'"),
         ((q, k, v[:, :8]), r"argument 'v' must have the shape of 'k'"),
         ((q[:1], k, v), r"arguments 'q' and 'k' must have the same batch size, got 1 and 2"),
         ((q[..., :60], k[..., :60], v[..., :60]), r"head dim must be a multiple of 8"),
+        ((q[..., :7], k[..., :7], v[..., :7]), r"head dim must be a multiple of 8 between 8 and 256, got 7"),
         ((q[:, :, :5], k, v), r"the number of query heads \(5\) must be a multiple of the number of key/value heads \(2\)"),
         ((q[0], k[0], v[0]), r"argument 'q' must be 4-D"),
-        ((torch.randn(2, 16, 6, 264, device="cuda", dtype=torch.bfloat16),) * 3, r"head dim must be a multiple of 8 between 8 and 256"),
+        ((randn(2, 16, 6, 264, dtype=torch.bfloat16, device=device),) * 3,
+         r"head dim must be a multiple of 8 between 8 and 256"),
         ((q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v), r"argument 'q' must have a contiguous last dimension"),
     ]
     for args, message in cases:
         with pytest.raises(RuntimeError, match=fn + message):
             flashext.flash_attention(*args)
-    cu = torch.tensor([0, 16], dtype=torch.int32, device="cuda")
+    for kwargs, message in (({"window_size": (-2, 0)}, "window_size entries must be >= -1"),
+                            ({"softcap": -1.0}, "softcap must be >= 0"),
+                            ({"softcap": float("nan")}, "softcap must be >= 0"),
+                            ({"softmax_scale": float("inf")}, "softmax_scale must be finite")):
+        with pytest.raises(RuntimeError, match=fn + message):
+            flashext.flash_attention(q, k, v, **kwargs)
+    cu = torch.empty(2, dtype=torch.int32, device="meta") if device == "meta" else cu_seqlens([16])
     fnv = r"flashext.flash_attention_varlen: "
     with pytest.raises(RuntimeError, match=fnv + r"argument 'cu_seqlens_q' must be int32"):
         flashext.flash_attention_varlen(q[0], k[0], v[0], cu.long(), cu, 16, 16, validate=False)
-    with pytest.raises(RuntimeError, match=fnv + r"arguments 'cu_seqlens_q' and 'cu_seqlens_k' must have the same length \(batch \+ 1\), got 2 and 3"):
-        flashext.flash_attention_varlen(q[0], k[0], v[0], cu, torch.tensor([0, 8, 16], dtype=torch.int32, device="cuda"),
-                                        16, 16, validate=False)
+    with pytest.raises(RuntimeError, match=fnv + r"arguments 'cu_seqlens_q' and 'cu_seqlens_k' must have the same "
+                       r"length \(batch \+ 1\), got 2 and 3"):
+        flashext.flash_attention_varlen(q[0], k[0], v[0], cu, torch.empty(3, dtype=torch.int32, device=device), 16, 16,
+                                        validate=False)
     with pytest.raises(RuntimeError, match=fnv + r"argument 'cu_seqlens_k' must be on the device of 'q'"):
-        flashext.flash_attention_varlen(q[0], k[0], v[0], cu, cu.cpu(), 16, 16, validate=False)
+        flashext.flash_attention_varlen(q[0], k[0], v[0], cu, torch.zeros(2, dtype=torch.int32), 16, 16, validate=False)
+    with pytest.raises(RuntimeError, match=fnv + r"max_seqlen_q and max_seqlen_k must be in \[0, 2\^31\)"):
+        flashext.flash_attention_varlen(q[0], k[0], v[0], cu, cu, -1, 16, validate=False)

@@ -9,7 +9,7 @@ import torch
 from flashext import reference as ref
 from flashext.testing import assert_close
 from flashext.triton_ref import attention as twin
-from tests.conftest import HAS_CUDA
+from tests.helpers import HAS_CUDA
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 BLOCK = {} if HAS_CUDA else {"block_m": 16, "block_n": 16}

@@ -12,17 +12,16 @@ import torch.nn.functional as F
 import flashext
 from flashext import reference as ref
 from flashext.testing import GRADIENT_FACTOR, assert_close, assert_gelu_within_one_step, poison_cache
-from tests.conftest import requires_cuda
+from tests.helpers import CHECK_DEVICES, FLOAT_DTYPES as DTYPES, FLOAT_IDS as DTYPE_IDS, at_offset, requires_cuda
+from tests.helpers import randn as _randn
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-DTYPE_IDS = ["float32", "float16", "bfloat16"]
 APPROX = ["none", "tanh"]
 SIZES = [0, 1, 7, 1023, 2**20 + 3, 2**24]
 
 
 def randn(*shape, dtype=torch.float32, device="cuda", scale=2.0):
     # scale 2: z = x + y spans GeLU's curved region and both tails
-    return (torch.randn(*shape, device=device) * scale).to(dtype)
+    return _randn(*shape, dtype=dtype, device=device, scale=scale)
 
 
 # ---- helpers that run one op and judge all of its outputs ----------------------------------
@@ -291,55 +290,81 @@ def test_cpu_tensors_are_refused():
         flashext.bias_gelu(x.view(2, 4), x[:4])
 
 
-@requires_cuda
-@pytest.mark.parametrize(
-    "make, message",
-    [
-        (lambda: (randn(8), randn(8).cpu()), r"argument 'y' must be on the same device as 'x'"),
-        (lambda: (randn(8), randn(8, dtype=torch.float16)), r"argument 'y' must have the dtype of 'x'"),
-        (lambda: (randn(8), randn(9)), r"argument 'y' must have the shape of 'x'"),
-        (lambda: (randn(8).int(), randn(8).int()), r"argument 'x' must be float32, float16 or bfloat16, got Int"),
-        (lambda: (randn(8) > 0, randn(8) > 0), r"argument 'x' must be float32, float16 or bfloat16, got Bool"),
-        (lambda: (randn(8, dtype=torch.float64), randn(8, dtype=torch.float64)), r"argument 'x' must be float32, float16 or bfloat16, got Double"),
-    ],
-)
-def test_add_gelu_bad_input(make, message):
-    x, y = make()
-    with pytest.raises(RuntimeError, match=r"flashext.fused_add_gelu: " + message):
-        flashext.fused_add_gelu(x, y)
+@pytest.mark.parametrize("device", CHECK_DEVICES)
+def test_add_gelu_bad_input(device):
+    def r(*shape, dtype=torch.float32):
+        return randn(*shape, dtype=dtype, device=device)
+
+    for x, y, message in [
+        (r(8), torch.randn(8), r"argument 'y' must be on the same device as 'x'"),
+        (r(8), r(8, dtype=torch.float16), r"argument 'y' must have the dtype of 'x'"),
+        (r(8), r(9), r"argument 'y' must have the shape of 'x'"),
+        (r(8, dtype=torch.int32), r(8, dtype=torch.int32), r"argument 'x' must be float32, float16 or bfloat16, got Int"),
+        (r(8, dtype=torch.bool), r(8, dtype=torch.bool), r"argument 'x' must be float32, float16 or bfloat16, got Bool"),
+        (r(8, dtype=torch.float64), r(8, dtype=torch.float64), r"argument 'x' must be float32, float16 or bfloat16, got Double"),
+    ]:
+        with pytest.raises(RuntimeError, match=r"flashext.fused_add_gelu: " + message):
+            flashext.fused_add_gelu(x, y)
 
 
-@requires_cuda
-def test_bias_gelu_bad_input():
-    x = randn(4, 8)
+@pytest.mark.parametrize("device", CHECK_DEVICES)
+def test_bias_gelu_bad_input(device):
+    def r(*shape, dtype=torch.float32):
+        return randn(*shape, dtype=dtype, device=device)
+
+    x = r(4, 8)
     for bias, message in [
-        (randn(7), r"argument 'bias' must be 1-D of length x.shape\[-1\] = 8, got shape \[7\]"),
-        (randn(2, 8), r"argument 'bias' must be 1-D"),
-        (randn(8).cpu(), r"argument 'bias' must be on the same device"),
-        (randn(8, dtype=torch.bfloat16), r"argument 'bias' must have the dtype of 'x'"),
+        (r(7), r"argument 'bias' must be 1-D of length x.shape\[-1\] = 8, got shape \[7\]"),
+        (r(2, 8), r"argument 'bias' must be 1-D"),
+        (torch.randn(8), r"argument 'bias' must be on the same device"),
+        (r(8, dtype=torch.bfloat16), r"argument 'bias' must have the dtype of 'x'"),
     ]:
         with pytest.raises(RuntimeError, match=r"flashext.bias_gelu: " + message):
             flashext.bias_gelu(x, bias)
     with pytest.raises(RuntimeError, match=r"flashext.bias_gelu: argument 'x' must have at least one dimension"):
-        flashext.bias_gelu(randn(()), randn(1))
+        flashext.bias_gelu(r(()), r(1))
+    with pytest.raises(RuntimeError, match=r"flashext.bias_gelu: argument 'approximate' must be 'none' or 'tanh'"):
+        flashext.bias_gelu(x, r(8), "foo")
 
 
-@requires_cuda
-def test_bad_approximate_and_out():
-    x, y = randn(8), randn(8)
+@pytest.mark.parametrize("device", CHECK_DEVICES)
+def test_bad_approximate_and_out(device):
+    def r(*shape, dtype=torch.float32):
+        return randn(*shape, dtype=dtype, device=device)
+
+    x, y = r(8), r(8)
     with pytest.raises(RuntimeError, match=r"flashext.fused_add_gelu: argument 'approximate' must be 'none' or 'tanh', got 'erf'"):
         flashext.fused_add_gelu(x, y, "erf")
     with pytest.raises(RuntimeError, match=r"argument 'out' must have shape"):
-        flashext.fused_add_gelu(x, y, out=randn(9))
+        flashext.fused_add_gelu(x, y, out=r(9))
     with pytest.raises(RuntimeError, match=r"argument 'out' must be contiguous"):
-        flashext.fused_add_gelu(x, y, out=randn(16)[::2])
+        flashext.fused_add_gelu(x, y, out=r(16)[::2])
     with pytest.raises(RuntimeError, match=r"argument 'out' must have the dtype of 'x'"):
-        flashext.fused_add_gelu(x, y, out=randn(8, dtype=torch.float16))
-    big = randn(9)
-    with pytest.raises(RuntimeError, match=r"argument 'out' partially overlaps an input"):
-        flashext.fused_add_gelu(big[:8], y, out=big[1:])
+        flashext.fused_add_gelu(x, y, out=r(8, dtype=torch.float16))
     with pytest.raises(RuntimeError, match=r"out= is not differentiable"):
-        flashext.fused_add_gelu(x.requires_grad_(), y, out=randn(8))
+        flashext.fused_add_gelu(x.requires_grad_(), y, out=r(8))
+    if device != "meta":  # overlap needs real storage
+        big = r(9)
+        with pytest.raises(RuntimeError, match=r"argument 'out' partially overlaps an input"):
+            flashext.fused_add_gelu(big[:8], y, out=big[1:])
+
+
+@requires_cuda
+@pytest.mark.parametrize("offset", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_any_start_alignment(dtype, offset):
+    # Inputs and out= buffers that start `offset` elements into their storage (not 16-byte aligned).
+    for shape in ((1000,), (7, 1024), (33, 4100)):
+        x, y = at_offset(randn(*shape, dtype=dtype), offset), at_offset(randn(*shape, dtype=dtype), offset)
+        check_add_gelu(x, y, "none")
+        out = at_offset(torch.full(shape, float("nan"), dtype=dtype, device="cuda"), offset)
+        flashext.fused_add_gelu(x, y, out=out)
+        torch.testing.assert_close(out, flashext.fused_add_gelu(x, y), rtol=0, atol=0)
+        if len(shape) == 2:
+            bias = at_offset(randn(shape[1], dtype=dtype), offset)
+            check_bias_gelu(x, bias, "tanh")
+            flashext.bias_gelu(x, bias, out=out)
+            torch.testing.assert_close(out, flashext.bias_gelu(x, bias), rtol=0, atol=0)
 
 
 # ---- fake kernels, opcheck, torch.compile, CUDA graphs ---------------------------------------

@@ -20,10 +20,12 @@ constexpr float kLn2 = 0.6931471805599453f;
 // The max to subtract before exp2: m itself, or 0 while the row is still empty (m = −inf).
 FX_HOST_DEVICE float safe_row_max(float row_max) { return row_max == -INFINITY ? 0.0f : row_max; }
 
-// Rescale factor for state accumulated under old_max once the max becomes new_max (≥ old_max).
-FX_HOST_DEVICE float rescale_factor(float old_max, float new_max) {
-  return exp2f(safe_row_max(old_max) - safe_row_max(new_max)) * (old_max == -INFINITY ? 0.0f : 1.0f);
-}
+// Rescale factor for state accumulated under old_max once the max becomes new_max (≥ old_max):
+// 2^(m_old − m_new), and 0 for a row that had seen nothing (m_old = −inf: 2^−inf, whatever m_new).
+// Only new_max takes the safe stand-in: zeroing the factor by a multiply instead, as
+// 2^(0 − m_new) · 0, is inf · 0 = NaN once m_new < −128 (a first visible block whose scores are
+// all very negative, e.g. the first causal rows of large logits).
+FX_HOST_DEVICE float rescale_factor(float old_max, float new_max) { return exp2f(old_max - safe_row_max(new_max)); }
 
 // Merge two partial states (m_a, l_a) and (m_b, l_b) of the same row (e.g. two key splits):
 // m = max(m_a, m_b), l = l_a · 2^(m_a − m) + l_b · 2^(m_b − m).
@@ -43,7 +45,7 @@ FX_HOST_DEVICE SoftmaxState merge_softmax_states(SoftmaxState a, SoftmaxState b)
 // fp32 cannot hold of s · c (for |s · c| ~ 1e4, about 1e-3 of the exponent: a one-element row
 // would come out as 0.9995). online_softmax uses these.
 FX_HOST_DEVICE float rescale_factor(float old_max, float new_max, float scale_log2) {
-  return exp2f((safe_row_max(old_max) - safe_row_max(new_max)) * scale_log2) * (old_max == -INFINITY ? 0.0f : 1.0f);
+  return exp2f((old_max - safe_row_max(new_max)) * scale_log2);
 }
 
 FX_HOST_DEVICE SoftmaxState merge_softmax_states(SoftmaxState a, SoftmaxState b, float scale_log2) {

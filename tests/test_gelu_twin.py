@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from flashext import reference as ref
 from flashext.testing import GRADIENT_FACTOR, assert_close, assert_gelu_within_one_step
 from flashext.triton_ref import gelu as twin
-from tests.conftest import HAS_CUDA
+from tests.helpers import HAS_CUDA
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
