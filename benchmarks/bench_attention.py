@@ -76,7 +76,7 @@ def implementations(dname: str, head_dim: int):
 def section_fwd(rows, quick: bool):
     seqlens = [1024, 16384] if quick else [512, 1024, 2048, 4096, 8192, 16384]
     head_dims = [128] if quick else [64, 128, 256]
-    # Tuning runs narrow the grid: FLASHEXT_BENCH_SEQLENS=1024,16384 FLASHEXT_BENCH_HEAD_DIMS=64
+    # A/B runs narrow the grid: FLASHEXT_BENCH_SEQLENS=1024,16384 FLASHEXT_BENCH_HEAD_DIMS=64
     # FLASHEXT_BENCH_DTYPES=bf16 FLASHEXT_BENCH_IMPLS=flashext,sdpa_flash
     env = lambda name, default: [x for x in os.environ.get(name, "").split(",") if x] or default
     seqlens = [int(x) for x in env("FLASHEXT_BENCH_SEQLENS", seqlens)]
@@ -114,8 +114,8 @@ def section_fwd(rows, quick: bool):
                             row[name] = {"error_message": f"{type(exc).__name__}: {str(exc)[:200]}"}
                     # Rounds in a balanced order (bench_rounds): every implementation follows
                     # every other equally often, since what ran just before moves a kernel's time
-                    # by several percent (D = 256 at 35284de: ours 3.6% slower right after
-                    # mem-efficient than after a pause); the median of the rounds is reported.
+                    # by several percent (D = 256: ours 3.6% slower right after mem-efficient
+                    # than after a pause); the median of the rounds is reported.
                     for name, (ms, times) in bench_rounds(timed).items():
                         row[name].update(ms=ms, tflops=flops / ms / 1e9, rounds_ms=times)
                     rows.append(row)

@@ -1,27 +1,35 @@
 // flashext FlashAttention-2 forward (sm_80+: mma.sync, ldmatrix, cp.async). Included by the
-// flash_fwd_hdim*.cu files, one per compiled head dim.
+// flash_fwd_hdim*.cu files, one per compiled head dim (fp16 and bf16 each).
 //
-// Computes, per (query block, head, batch):
-//   S = Q Kᵀ · scale · log2 e          (or softcap · tanh(Q Kᵀ · scale / softcap) · log2 e)
-//   online softmax over the key blocks: row_max m, row_sum l, acc_o rescaled by 2^(m_old − m_new)
-//   O = acc_o / l,  lse = (m + log2 l) · ln 2
-// Grid: (ceil(Sq / kBlockM), H, B), the last query block first; at D = 256 with no mask, window
-// or varlen, and more query blocks than fit at once, a 1-D grid of resident blocks walks them in
-// turn instead (persistent: each requests its next tile's Q and first K during its last key block).
-// Block: kNWarps warps; warp w owns kMTiles m16 row tiles of the block, so row statistics live in
-// one warp (each thread holds rows g and g + 8 of a tile, g = lane / 4; a row's 4 owners are one
-// lane quad).
-// Shared memory (dynamic): Q kBlockM × kHeadDim, K and V 2 × kBlockN × kHeadDim each (double
-// buffered with cp.async; single-buffered at D = 256), all 16-bit: 80 KiB at D = 64, 96 KiB at
-// 128 and at 256 (two blocks per SM).
-// Rows are stored with a 16-byte-chunk XOR swizzle (chunk c of row r at c ^ (r % 8)), so the 8
-// row addresses of every ldmatrix hit 8 different bank groups; each fragment's address is one
-// per-operand base XOR a constant (swizzled_chunk_addr). Whole tiles load without predicates.
-// Only key blocks that cross the sequence end, the causal diagonal or a window edge are masked,
-// one compare per element against per-row column bounds; soft-capping is a uniform branch. O
-// leaves through shared memory in 16-byte row chunks.
-// Constraints: kHeadDim ∈ {64, 128, 256}; the actual head_dim ≤ kHeadDim, a multiple of 8 (the
-// rest of each row is zero-filled); 16-byte aligned rows.
+// Computes, per (query block, head, batch), in log2 units (c = softmax_scale · log2 e):
+//   S = Q Kᵀ · c                    (soft-capped: S = softcap · tanh(Q Kᵀ · scale / softcap) · log2 e)
+//   S = −inf where a key is masked  (past the sequence, causal diagonal, window edges)
+//   per key block: m' = max(m, rowmax S),  P = 2^(S − m'),  l = l · 2^(m − m') + rowsum P,
+//                  acc_o = acc_o · 2^(m − m') + P V
+//   O = acc_o / l (0 for a row that sees no key),  lse = (m + log2 l) · ln 2
+//
+// Grid: (ceil(Sq / kBlockM), H, B), the last query block first. At D = 256, when every query block
+// has the same work (no mask, no window, dense batch) and there are more tiles than fit at once,
+// a 1-D grid of resident blocks walks the tiles instead (persistent blocks; see the kernel).
+// Block: kNWarps = 4 warps. Warp w owns kMTiles m16 row tiles (rows 16 · kMTiles · w + [0, 16 ·
+// kMTiles)), so a row's statistics live in one warp: each thread holds rows g and g + 8 of a row
+// tile (g = lane / 4), and a row's 4 owners are one lane quad.
+//
+//   D     kBlockM × kBlockN  row tiles/warp  K/V buffers  shared memory        registers/thread
+//   64    128 × 128          2               2            16 + 2·2·16 = 80 KiB  255 (+ 4 B spilled)
+//   128   128 × 64           2               2            32 + 2·2·16 = 96 KiB  255
+//   256    64 × 64           1               1            32 + 2·32   = 96 KiB  246
+// Two blocks (8 warps) per SM at every head dim: 128 threads × 255 registers fit twice in 64K,
+// and two blocks' shared memory fit in the SM's 228 KiB.
+//
+// Shared memory (dynamic, 16-bit elements): Q (kBlockM × kHeadDim), then kKVBuffers K tiles,
+// then kKVBuffers V tiles (kBlockN × kHeadDim each). Rows are stored in 16-byte chunks with an
+// XOR swizzle (chunk c of row r at c ^ (r % 8)), so the 8 row addresses of every ldmatrix hit 8
+// different bank groups. O leaves through the Q tile (or, persistent, the V tile) so that the
+// global stores are whole 16-byte chunks of a row.
+//
+// Constraints: kHeadDim ∈ {64, 128, 256}; the actual head_dim ≤ kHeadDim and a multiple of 8 (the
+// rest of each row is zero-filled and never stored); rows 16-byte aligned; H % Hkv == 0.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,82 +44,40 @@
 #include "../common/ptx.cuh"
 #include "flashext/attention.h"
 
-// Tuning knobs (warps and keys per block at D = 256; K/V double buffering per head dim), set
-// through FLASHEXT_NVCC_FLAGS for experiments; the defaults are the measured best
-// (docs/notes/attention.md). Single buffering at D ≤ 128 measured level or slower (v4 A/B).
-#ifndef FLASHEXT_FWD_D256_WARPS
-#define FLASHEXT_FWD_D256_WARPS 4
-#endif
-#ifndef FLASHEXT_FWD_D256_BLOCK_N
-#define FLASHEXT_FWD_D256_BLOCK_N 64
-#endif
-#ifndef FLASHEXT_FWD_D64_DOUBLE_BUFFER
-#define FLASHEXT_FWD_D64_DOUBLE_BUFFER 1
-#endif
-#ifndef FLASHEXT_FWD_D128_DOUBLE_BUFFER
-#define FLASHEXT_FWD_D128_DOUBLE_BUFFER 1
-#endif
-// Orderings (FlashFwdConfig::kEarlyK, kRescaleAlways; docs/notes/attention.md). Early K: wait for V
-// right after Q Kᵀ (single-buffered: and issue the next K there, FlashAttention-2's order;
-// double-buffered: the first block's V), so that nothing but the softmax separates Q Kᵀ from P V.
-// Rescale always: rescale the accumulator on every key block, without the vote and branch that
-// skip it when no row maximum moved, so the softmax and P V form one basic block the scheduler can
-// interleave. At D = 256 early K alone measured +1-3% at S >= 8K, -1.5% at S <= 1K; both together
-// +1.7-4.8% except long causal runs (v5, the default there). At D = 128 rescale-always alone
-// measured +1-2% at S <= 2K and -2 to -3.5% at 16K (where the row maxima settle and the vote skips
-// most rescales): the default, because it lifts the weakest point (short non-causal runs) above
-// SDPA's FlashAttention-2; with early K as well it spills (worse). D = 64 loses 4% with either.
-// The macros force a value for every head
-// dim in A/B runs (-1: each head dim's default in FlashFwdConfig). (Loading the first V in the
-// prologue when single-buffered measured -3 to -5% at D = 256 and was dropped.)
-#ifndef FLASHEXT_FWD_EARLY_K
-#define FLASHEXT_FWD_EARLY_K -1
-#endif
-#ifndef FLASHEXT_FWD_RESCALE_ALWAYS
-#define FLASHEXT_FWD_RESCALE_ALWAYS -1
-#endif
-#ifndef FLASHEXT_FWD_D256_DOUBLE_BUFFER
-#define FLASHEXT_FWD_D256_DOUBLE_BUFFER 0
-#endif
-// Persistent blocks for single-buffered configs when every query block has the same work (no
-// mask, no window, no varlen): as many blocks as fit at once walk the query blocks in turn, and
-// each requests the next block's Q and first K while it finishes the current one (A/B knob).
-#ifndef FLASHEXT_FWD_PERSISTENT
-#define FLASHEXT_FWD_PERSISTENT 1
-#endif
-
 namespace flashext {
 namespace attention_detail {
 
-// Tile shapes per compiled head dim. A warp owns kMTiles m16 row tiles (32 rows at D ≤ 128, as
-// FlashAttention-2 does: every K/V fragment read from shared memory feeds two mma), so a block
-// holds kBlockM = 16 · kMTiles · kNWarps query rows. D = 256 keeps one row tile per warp (the
-// accumulator alone is 128 registers): 4 warps, 64 keys per block, single-buffered K/V in 96 KiB
-// so that two blocks share an SM, as FlashAttention-2 runs it on Hopper.
+// The configuration per compiled head dim: the tile shapes, the pipeline and its shared memory.
 template <int kHeadDim_>
 struct FlashFwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kNWarps = kHeadDim <= 128 ? 4 : FLASHEXT_FWD_D256_WARPS;
+  // Four warps: 8 warps at D = 256 (128 KiB, one block per SM) lose to two 4-warp blocks per SM.
+  static constexpr int kNWarps = 4;
+  // Two m16 row tiles per warp share every K/V fragment read from shared memory (half the shared-
+  // memory bytes per FLOP); one at D = 256, where the O accumulator alone is 128 registers.
   static constexpr int kMTiles = kHeadDim <= 128 ? 2 : 1;
   static constexpr int kThreads = 32 * kNWarps;
   static constexpr int kBlockM = 16 * kMTiles * kNWarps;
-  static constexpr int kBlockN = kHeadDim == 64 ? 128 : kHeadDim == 128 ? 64 : FLASHEXT_FWD_D256_BLOCK_N;
+  // Keys per block: S and acc_o together hold 192 fp32 registers per thread at D ≤ 128 (128 keys
+  // at D = 64, 64 at D = 128) and 160 at D = 256, where 64 keys beat 32.
+  static constexpr int kBlockN = kHeadDim == 64 ? 128 : 64;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kTileQ = kBlockM * kHeadDim;  // elements
   static constexpr int kTileKV = kBlockN * kHeadDim;
-  // Double-buffered K/V: the next block's tiles load during this block's math. Single-buffered
-  // (D = 256, to fit two 96 KiB blocks per SM): V loads under Q Kᵀ, the next K under P V.
-  static constexpr bool kDoubleBuffer = kHeadDim == 64    ? FLASHEXT_FWD_D64_DOUBLE_BUFFER
-                                        : kHeadDim == 128 ? FLASHEXT_FWD_D128_DOUBLE_BUFFER
-                                                          : FLASHEXT_FWD_D256_DOUBLE_BUFFER;
+  // Double-buffered K/V at D ≤ 128: the next key block's tiles load under this block's math.
+  // Single-buffered at D = 256 so that two 96 KiB blocks share an SM: V loads under Q Kᵀ, and the
+  // next K under the softmax and P V (issued right after Q Kᵀ, as FlashAttention-2 orders it).
+  static constexpr bool kDoubleBuffer = kHeadDim <= 128;
   static constexpr int kKVBuffers = kDoubleBuffer ? 2 : 1;
-  // Orderings (see the macros above); per head dim, overridable for A/B runs.
-  static constexpr bool kEarlyK = FLASHEXT_FWD_EARLY_K >= 0 ? FLASHEXT_FWD_EARLY_K != 0 : kHeadDim == 256;
-  static constexpr bool kRescaleAlways = FLASHEXT_FWD_RESCALE_ALWAYS >= 0 ? FLASHEXT_FWD_RESCALE_ALWAYS != 0 : kHeadDim >= 128;
+  // Rescale acc_o on every key block at D ≥ 128 (the softmax and P V then form one basic block for
+  // the scheduler); at D = 64 the warp vote that skips it when no row max moved is faster.
+  static constexpr bool kRescaleAlways = kHeadDim >= 128;
   static constexpr int kSmemBytes = (kTileQ + 2 * kKVBuffers * kTileKV) * 2;
-  // Persistent blocks (FLASHEXT_FWD_PERSISTENT): single-buffered, with the O tile staged in the V
-  // buffer while the next Q and K load into theirs.
-  static constexpr bool kPersistent = FLASHEXT_FWD_PERSISTENT && !kDoubleBuffer && kTileKV >= kTileQ;
+  // Persistent blocks for uniform work at D = 256: a tile's last key block requests the next
+  // tile's Q and first K, and its O is staged in the V buffer while they load.
+  static constexpr bool kPersistent = !kDoubleBuffer;
+  static_assert(!kPersistent || (!kDoubleBuffer && kTileKV >= kTileQ),
+                "persistent blocks stage O in the single V buffer");
   static_assert(kChunks >= 8, "the XOR swizzle needs at least 8 chunks per row");
   static_assert(kThreads % kChunks == 0, "a thread copies one fixed chunk column");
   static_assert(kBlockN % (kThreads / kChunks) == 0 && kBlockM % (kThreads / kChunks) == 0,
@@ -129,8 +95,8 @@ FX_DEVICE int swizzled(int row, int chunk) {
 // address `base_c` of chunk c (0 or 1) of that row. Tiles start 128-byte aligned and rows are whole
 // multiples of 128 bytes, so bits 4-6 of base_c hold (c ^ (row & 7)): XOR-ing the low three bits of
 // chunk_even into them and adding the rest gives chunk (chunk_even + c) ^ (row & 7). With
-// chunk_even a constant after unrolling that is at most one LOP3 (often none) per fragment, where
-// forming the swizzle from the row and chunk took three instructions.
+// chunk_even a constant after unrolling that is at most one LOP3 (often none) per fragment instead
+// of the three instructions that form the swizzle from the row and the chunk.
 FX_DEVICE uint32_t swizzled_chunk_addr(uint32_t base_c, int chunk_even) {
   return (base_c ^ uint32_t((chunk_even & 7) << 4)) + uint32_t((chunk_even & ~7) << 4);
 }
@@ -171,7 +137,8 @@ FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_le
 
 // num_tiles = 0: one query block per block of a (query blocks, heads, batch) grid. num_tiles > 0
 // (Config::kPersistent, uniform work only): a 1-D grid of resident blocks walks the num_tiles
-// query blocks (query block fastest, then head, then batch) in turn.
+// query blocks in turn, query block fastest, then head, then batch (so that the blocks running at
+// once share K/V in L2).
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const FlashFwdParams p, const int num_tiles) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
@@ -337,16 +304,16 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         }
       }
 
-      // This block's V is waited for before P V: right after Q Kᵀ (kEarlyK) or after the softmax.
-      // Single-buffered, every warp is then done with K, so the next K starts loading into it.
-      // Double-buffered, only the first block's V has a group of its own. (The double-buffered wait
-      // is written out at both places: as a lambda it changed the D = 64/128 machine code.)
+      // Single-buffered, after Q Kᵀ: wait for this block's V; every warp is then done with K (and
+      // Q), so the next K, or in the last key block the next persistent tile's Q and first K, loads
+      // under the softmax and P V. (A lambda, built at every head dim: written inline, it changes
+      // the D ≤ 128 machine code, and D = 128 spills.)
       const auto wait_v_load_next_k = [&] {
         ptx::cp_async_wait<0>();
         __syncthreads();  // V is in shared memory; every warp is done with K (and Q)
         if (it + 1 < num_n_blocks) {
           load_k(smem_k, n_start + kBlockN);
-        } else if (prefetch_next) {  // Q and K are free: the next tile's go in
+        } else if (prefetch_next) {
           int next_m, next_head, next_batch;
           tile_coords(tile + int(gridDim.x), next_m, next_head, next_batch);
           const int next_start = next_m * kBlockM;
@@ -361,14 +328,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         }
         ptx::cp_async_commit();
       };
-      if constexpr (Config::kEarlyK) {
-        if constexpr (!Config::kDoubleBuffer) {
-          wait_v_load_next_k();
-        } else if (it == 0) {
-          ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
-          __syncthreads();
-        }
-      }
+      if constexpr (!Config::kDoubleBuffer) wait_v_load_next_k();
 
       // Soft-cap (rare: a uniform branch), then the mask, only on blocks that cross a boundary.
       if (softcap_on) {
@@ -423,8 +383,8 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         float row_alpha[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          // One chain per row for the max and the sum: measured level with or slightly ahead of
-          // 2-4 interleaved partial chains plus a tree (docs/notes/attention.md, v4).
+          // One dependent chain per row for the max and the sum: partial chains plus a tree were
+          // no faster.
           float tile_max = -INFINITY;
 #pragma unroll
           for (int j = 0; j < kNTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
@@ -446,8 +406,8 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
           row_max[i][r] = new_max;
           row_alpha[r] = alpha;
         }
-        // Once the row maxima settle, most key blocks leave them unchanged: skip the rescale of
-        // the accumulator when no row of this tile in the warp moved (a warp-uniform branch).
+        // acc_o · 2^(m − m'). Once the row maxima settle most key blocks leave them unchanged, so
+        // unless kRescaleAlways the warp skips it when none of its rows moved (a uniform branch).
         if (Config::kRescaleAlways || __any_sync(0xffffffffu, row_alpha[0] != 1.0f || row_alpha[1] != 1.0f)) {
 #pragma unroll
           for (int t = 0; t < kDTiles; ++t) {
@@ -459,11 +419,13 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         }
       }
 
-      if constexpr (!Config::kDoubleBuffer && !Config::kEarlyK) {
-        wait_v_load_next_k();
-      } else if (Config::kDoubleBuffer && !Config::kEarlyK && it == 0) {
-        ptx::cp_async_wait<1>();  // the first V (only the prefetch of the second block may be pending)
-        __syncthreads();
+      // Double-buffered: the first block's V has a cp.async group of its own, waited for only now;
+      // every later block's V arrived with its K.
+      if constexpr (Config::kDoubleBuffer) {
+        if (it == 0) {
+          ptx::cp_async_wait<1>();  // only the prefetch of the second key block may be pending
+          __syncthreads();
+        }
       }
 
       // O += P V: P's accumulator layout is already the A-fragment layout (two n8 tiles = one k16).
