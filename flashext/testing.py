@@ -70,15 +70,20 @@ def assert_gelu_within_one_step(name: str, z: Tensor, forward: Tensor, gradient:
     """Stricter than the rule, for the erff-free 16-bit GeLU: gelu(z) and gelu'(z) (16-bit results;
     `z` exact, e.g. x.double() + y.double()) lie within one rounding step of the exact values, element by element, where
     Φ(z) is a normal fp32 number (Φ is the smallest intermediate; below 2^-126 the device's ex2 and
-    multiplies flush to zero, an absolute error under 1e-37)."""
+    multiplies flush to zero, an absolute error under 1e-37). Near the gradient's zero (z ≈ −0.7518)
+    gelu'(z) = Φ(z) + z·φ(z) cancels two terms of about 0.226, so the gradient is allowed, beside the
+    step, the fp32 rounding of those terms: 2^-22 · (Φ + |z|·φ), four units in their last place.
+    (That only matters for a z between 16-bit values, such as x + y.)"""
     z64 = z.double()
     cdf = 0.5 * torch.special.erfc(-z64 / 2**0.5)
     density = torch.exp(-0.5 * z64 * z64) / (2 * torch.pi) ** 0.5
     mantissa, min_exponent = (10, -14) if forward.dtype == torch.float16 else (7, -126)
     considered = cdf >= 2.0**-126
-    for what, got, exact in (("forward", forward, z64 * cdf), ("gradient", gradient, cdf + z64 * density)):
+    cancellation = 2.0**-22 * (cdf + z64.abs() * density)
+    for what, got, exact, fp32 in (("forward", forward, z64 * cdf, 0.0),
+                                   ("gradient", gradient, cdf + z64 * density, cancellation)):
         step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(2.0**min_exponent))) - mantissa)
-        bad = ((got.double() - exact).abs() > step) & considered
+        bad = ((got.double() - exact).abs() > step + fp32) & considered
         assert not bad.any(), (f"{name} {what}: {int(bad.sum())} of {z.numel()} values off by more than one "
                                f"rounding step, first at z = {z64[bad][0].item()!r}: got "
                                f"{got.double()[bad][0].item()!r}, exact {exact[bad][0].item()!r}")
