@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# flashext on a GPU machine: build, check, test, sanitize, benchmark, in one call.
+# flashext on a GPU machine: install, check, test, sanitize, benchmark, in one call.
 #
-#   scripts/gpu.sh [STEP ...]       STEP: build main pytest ctest sanitize bench bench_attention profile
-#                                   profile_gelu ab (default: all but bench_attention and the profiles)
+#   scripts/gpu.sh [STEP ...]   STEP: setup build main pytest ctest sanitize install ptx bench
+#                               bench_attention profile profile_gelu
+#                               (default: setup main pytest ctest sanitize install)
+#   setup     the README's install command (scripts/setup.sh: the editable no-build-isolation
+#             install a new user runs); build: the same extension built in place (setup.py)
+#   install   a non-editable install into a fresh venv (system site packages for torch), then
+#             `python -m flashext` from outside the source tree
+#   ptx       rebuild with only compute_80 PTX (the portable sm_80 path, JIT-compiled by the
+#             driver), run the GPU test suite on it, then rebuild the default archs
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
-#   FLASHEXT_PROFILE_SHAPES="bf16:256:0:512"  profile's shapes; FLASHEXT_PROFILE_SOURCE=1 adds
-#                                   per-instruction stall sampling (attention_source.csv)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
-#   FLASHEXT_AB="base:|sb:-DFLASHEXT_FWD_D64_DOUBLE_BUFFER=0"  step ab: rebuild with each variant's
-#                                   nvcc flags, run bench_attention's fwd section (narrowed by the
-#                                   FLASHEXT_BENCH_* variables) into $OUT/ab_NAME; rebuilds the default last
-#   FLASHEXT_AB_CMD="benchmarks/bench_gelu.py --only add,bias"  what each ab variant runs
-#                                   (default: benchmarks/bench_attention.py --only fwd)
+#   FLASHEXT_PROFILE_SHAPES="bf16:256:0:512"  profile's shapes; FLASHEXT_PROFILE_SOURCE=1 adds
+#             per-instruction stall sampling (attention_source.csv)
 #
 # Logs go to $OUT/gpu.log (or ./gpu_out when OUT is unset), benchmark JSON and plots to $OUT;
 # a summary of every step is printed last and written to $OUT/summary.txt. FLASHEXT_PACK=1 then
 # packs everything under $OUT into $OUT/out.tgz beside summary.txt (the device tool brings back
-# at most 8 files: an A/B run writes more).
+# at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -33,7 +35,7 @@ export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(build main pytest ctest sanitize bench)
+[ ${#steps[@]} -eq 0 ] && steps=(setup main pytest ctest sanitize install)
 summary=()
 
 run_step() {  # run_step NAME COMMAND...: log it, time it, record pass/fail
@@ -50,6 +52,7 @@ run_step() {  # run_step NAME COMMAND...: log it, time it, record pass/fail
 }
 
 build() { $PY setup.py build_ext --inplace; }
+setup() { PYTHON=$PY bash scripts/setup.sh; }
 cpp_build() {
   cmake -S tests/cpp -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" >/dev/null && cmake --build build/cpp -j "$MAX_JOBS"
@@ -63,9 +66,12 @@ sanitize() {
   compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_gelu --gtest_brief=1 \
     --gtest_filter='*BiasGelu*' || return 1
   compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_attention --gtest_brief=1 || return 1
-  # a small pytest subset through the torch glue: views, unaligned pointers, in-place
-  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
-    $PY -m pytest -q -p no:cacheprovider tests/test_gelu.py -k "views and bfloat16 or in_place and float32"
+  # a small pytest subset through the torch glue: views, unaligned starts, in-place, the edges of
+  # attention's numerics, and the bad-input fuzz (nothing may be launched)
+  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+    $PY -m pytest -q -p no:cacheprovider tests/test_gelu.py tests/test_attention.py tests/test_online_softmax.py \
+    tests/test_bad_input_fuzz.py -k "views and bfloat16 or in_place and float32 or any_start_alignment \
+    or huge_logits and float16 or nan or empty or bad_calls"
 }
 
 profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash (profile_attention.py)
@@ -99,22 +105,26 @@ ncu_export() {  # ncu_export REPORT PREFIX: $OUT/REPORT.txt (details), PREFIX_st
   $PY benchmarks/ncu_stalls.py "$OUT/$2_stalls.csv" | tee "$OUT/$2_stalls.txt"
 }
 
-ab() {
-  local spec name specs
-  IFS='|' read -ra specs <<<"${FLASHEXT_AB:?set FLASHEXT_AB}"
-  for spec in "${specs[@]}"; do
-    name=${spec%%:*}
-    echo "=== variant $name: ${spec#*:}"
-    FLASHEXT_NVCC_FLAGS="${spec#*:}" build >/dev/null || return 1
-    OUT=$OUT/ab_$name FLASHEXT_BENCH_VARIANT="$name: ${spec#*:}" \
-      $PY ${FLASHEXT_AB_CMD:-benchmarks/bench_attention.py --only fwd} | grep -E "^(summary|  (vs |(fp16|bf16) D=|add|bias))" || return 1
-  done
+install() {  # a new user's non-editable install, run from outside the tree
+  local venv=/tmp/flashext_install_venv
+  rm -rf "$venv" && $PY -m venv --system-site-packages "$venv" || return 1
+  "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps "$ROOT" || return 1
+  (cd /tmp && env -u PYTHONPATH "$venv/bin/python" -m flashext)
+}
+
+ptx() {  # the portable path: compute_80 PTX only, JIT-compiled on this GPU, under the GPU tests
+  FLASHEXT_CUDA_ARCHS=${FLASHEXT_PTX_ARCHS:-80-virtual} build >/dev/null || return 1
+  $PY -c "import flashext; i = flashext.build_info(); print(i['cuda_archs'], i['device_supported'])" || return 1
+  $PY -m pytest -q -p no:cacheprovider -m "not large" ${FLASHEXT_PYTEST_PATHS:-tests} ${FLASHEXT_PYTEST_ARGS:-}
+  local rc=$?
   build >/dev/null
+  return $rc
 }
 
 for step in "${steps[@]}"; do
   case $step in
-    build) run_step build build || break ;;  # nothing else can run without the extension
+    setup) run_step setup setup || break ;;  # nothing else can run without the extension
+    build) run_step build build || break ;;
     main) run_step "python -m flashext" $PY -m flashext ;;
     pytest) run_step pytest $PY -m pytest -q -p no:cacheprovider ${FLASHEXT_PYTEST_PATHS:-tests} ${FLASHEXT_PYTEST_ARGS:-} ;;
     ctest) run_step ctest ctest_run ;;
@@ -123,7 +133,8 @@ for step in "${steps[@]}"; do
     bench_attention) run_step bench_attention $PY benchmarks/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
     profile) run_step profile profile ;;
     profile_gelu) run_step profile_gelu profile_gelu ;;
-    ab) run_step ab ab ;;
+    install) run_step "install (non-editable, from /tmp)" install ;;
+    ptx) run_step "ptx (compute_80 only) pytest" ptx ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac
 done
