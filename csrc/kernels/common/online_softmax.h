@@ -21,11 +21,14 @@ constexpr float kLn2 = 0.6931471805599453f;
 FX_HOST_DEVICE float safe_row_max(float row_max) { return row_max == -INFINITY ? 0.0f : row_max; }
 
 // Rescale factor for state accumulated under old_max once the max becomes new_max (≥ old_max):
-// 2^(m_old − m_new), and 0 for a row that had seen nothing (m_old = −inf: 2^−inf, whatever m_new).
-// Only new_max takes the safe stand-in: zeroing the factor by a multiply instead, as
-// 2^(0 − m_new) · 0, is inf · 0 = NaN once m_new < −128 (a first visible block whose scores are
-// all very negative, e.g. the first causal rows of large logits).
-FX_HOST_DEVICE float rescale_factor(float old_max, float new_max) { return exp2f(old_max - safe_row_max(new_max)); }
+// 2^(m_old − m_new), and 0 for a row that had seen nothing (m_old = −inf). The exponent is clamped
+// to ≤ 0, which it is for every real pair: for an empty row the stand-in 0 makes it −m_new, and
+// once m_new < −128 that power would overflow to inf and inf · 0 is NaN (a first visible block of
+// very negative scores, e.g. the first causal rows of large logits). The clamp kept the attention
+// kernel's register allocation, where 2^(m_old − safe(m_new)) or a select spilled at D = 128.
+FX_HOST_DEVICE float rescale_factor(float old_max, float new_max) {
+  return exp2f(fminf(safe_row_max(old_max) - safe_row_max(new_max), 0.0f)) * (old_max == -INFINITY ? 0.0f : 1.0f);
+}
 
 // Merge two partial states (m_a, l_a) and (m_b, l_b) of the same row (e.g. two key splits):
 // m = max(m_a, m_b), l = l_a · 2^(m_a − m) + l_b · 2^(m_b − m).
@@ -45,7 +48,8 @@ FX_HOST_DEVICE SoftmaxState merge_softmax_states(SoftmaxState a, SoftmaxState b)
 // fp32 cannot hold of s · c (for |s · c| ~ 1e4, about 1e-3 of the exponent: a one-element row
 // would come out as 0.9995). online_softmax uses these.
 FX_HOST_DEVICE float rescale_factor(float old_max, float new_max, float scale_log2) {
-  return exp2f((old_max - safe_row_max(new_max)) * scale_log2);
+  return exp2f(fminf((safe_row_max(old_max) - safe_row_max(new_max)) * scale_log2, 0.0f)) *
+         (old_max == -INFINITY ? 0.0f : 1.0f);
 }
 
 FX_HOST_DEVICE SoftmaxState merge_softmax_states(SoftmaxState a, SoftmaxState b, float scale_log2) {
