@@ -17,6 +17,7 @@
 
 #include "common/gelu_math.h"
 #include "flashext/gelu.h"
+#include "gelu/plan.h"
 
 namespace {
 

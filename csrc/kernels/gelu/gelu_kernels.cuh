@@ -15,7 +15,7 @@
 //   rate 2^28 elements take 377 µs, and the ~25 fp32 instructions of erf-GeLU per element fit
 //   well under the 132 SMs' issue rate (~50 instructions per element at that speed).
 //
-// bias_gelu_kernel<T, kVec, kBackward> (rows × cols, see RowColPlan in flashext/gelu.h)
+// bias_gelu_kernel<T, kVec, kBackward> (rows × cols, see RowColPlan in plan.h)
 //   forward:  out[r, c]    = gelu(x[r, c] + bias[c])
 //   backward: grad_x[r, c] = grad_out[r, c] · gelu'(x[r, c] + bias[c]),
 //             partial[blockIdx.y, c] = Σ_{rows r of the block} grad_x[r, c]   (fp32)
@@ -25,7 +25,7 @@
 // bias_grad_reduce_kernel<T>: grad_bias[c] = Σ_g partial[g, c], 32 columns × 8 slices of g per
 //   block, then a shared-memory sum over the slices. Deterministic (no atomics).
 // bias_gelu_bwd_one_pass_kernel<T, kVec>: the backward for few rows in one launch (BiasBwdOnePass
-//   in flashext/gelu.h): a block per narrow column strip walks every row (each thread's rows
+//   in plan.h): a block per narrow column strip walks every row (each thread's rows
 //   streamed through a 2-slot cp.async ring) and writes grad_bias itself. Deterministic as well.
 #pragma once
 
@@ -40,6 +40,7 @@
 #include "../common/ptx.cuh"
 #include "../common/vec.cuh"
 #include "flashext/gelu.h"
+#include "plan.h"
 
 // A timeline hook for the one-pass backward (benchmarks/experiments/bias_bwd_timeline.cu defines
 // it before including this header to record when each warp reaches each point); empty otherwise.

@@ -1,10 +1,11 @@
-// flashext GeLU epilogues: host-side launch planning (no device code; unit-tested on the CPU).
+// flashext GeLU epilogues: host-side launch planning (plan.h; no device code, unit-tested on the CPU).
+#include "plan.h"
+
 #include <algorithm>
 #include <cstdint>
 
 #include "../common/device.h"
 #include "../common/macros.h"
-#include "flashext/gelu.h"
 
 namespace flashext {
 
