@@ -221,7 +221,6 @@ TEST(BiasGeluPlan, Fp32ForwardTakesFourRowsOverManyWaves) {
 }
 
 TEST(BiasGeluPlan, FewRowsOfWideColumnsTakeOnePass) {
-  if (!flashext::bias_gelu_bwd_one_pass_enabled()) GTEST_SKIP() << "built with FLASHEXT_GELU_BIAS_BWD_ONE_PASS=0";
   // 256 x 16384 (bench_gelu's small shape): 256 strips of 64 columns (16-bit), 512 of 32 (fp32)
   EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(256, 16384, 8, 132));
   EXPECT_TRUE(flashext::bias_gelu_bwd_one_pass(256, 16384, 4, 132));
