@@ -1,33 +1,59 @@
-// add + GeLU (exact erf form) kernel variants, forward and backward, bf16 and fp32, each timed
-// like triton.testing.do_bench (L2 flushed before every launch, median of per-launch events)
-// against a device-to-device copy of the same bytes. The version ladder behind
-// docs/notes/gelu.md. Standalone: CUDA runtime only.
+// add + GeLU version ladder: the flat kernel's layout, unroll, occupancy and cache-policy axes,
+// forward and backward, bf16 and fp32, each variant timed like triton.testing.do_bench (L2
+// flushed by a 256 MB memset before every launch, median of per-launch events) against a
+// device-to-device copy of the same bytes. Its last run is benchmarks/results/add_gelu_variants.txt;
+// docs/notes/gelu.md reads the ladder. Self-contained: CUDA runtime only, no flashext headers.
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/kernels \
-//        benchmarks/experiments/add_gelu_variants.cu -o /tmp/variants && /tmp/variants
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
+//        benchmarks/experiments/add_gelu_variants.cu -o /tmp/add_gelu_variants && /tmp/add_gelu_variants
 //
-// Axes: kCached (default L2 policy vs evict-first .cs loads/stores), kBlockContiguous (block b owns packs [b·U·256, (b+1)·U·256) vs grid-strided packs
-// t + u·gridDim·256), kUnroll U (16-byte packs per thread per input), kMinBlocks
-// (__launch_bounds__ occupancy hint).
+// Axes of variant<T, kBackward, kBlockContiguous, kUnroll, kMinBlocks, kCached>:
+//   kBlockContiguous  block b owns packs [b·U·256, (b+1)·U·256), or grid-strided packs t + u·gridDim·256
+//   kUnroll U         16-byte packs per thread per input
+//   kMinBlocks        the __launch_bounds__ occupancy hint (resident blocks per SM)
+//   kCached           plain ld/st (default L2 policy), or the evict-first .cs hints
+// The math is the exact form with erff in fp32 for every type, as when the ladder was run. The
+// shipped kernel (csrc/kernels/gelu/add_gelu.cuh) is U = 1 at 8 blocks/SM forward, 6 backward,
+// cached; its 16-bit exact form has since dropped erff (gelu_erf_16 in common/gelu_math.h).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
-#include "common/gelu_math.h"
-#include "common/vec.cuh"
-
-using namespace flashext;
-
 #define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
+
+// N elements moved as one 16-byte access.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T elem[N];
+};
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+constexpr float kSqrt1_2 = 0.70710678118654752f;     // 1/√2
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1/√(2π)
+
+// gelu(z) = ½·z·(1 + erf(z/√2));  gelu'(z) = Φ(z) + z·φ(z)
+__device__ __forceinline__ float gelu_erf(float z) { return 0.5f * z * (1.0f + erff(z * kSqrt1_2)); }
+__device__ __forceinline__ float gelu_erf_grad(float z) {
+  const float cdf = 0.5f * (1.0f + erff(z * kSqrt1_2));
+  const float pdf = kInvSqrt2Pi * __expf(-0.5f * z * z);
+  return cdf + z * pdf;
+}
 
 // kCached: plain ld/st (default L2 policy) instead of the evict-first .cs hints.
 template <typename T, bool kCached>
 __device__ __forceinline__ Pack<T, 16 / sizeof(T)> load(const T* ptr, int64_t i) {
   using P = Pack<T, 16 / sizeof(T)>;
-  if constexpr (kCached) return load_pack<T, 16 / sizeof(T)>(ptr, i);
+  if constexpr (kCached) return reinterpret_cast<const P*>(ptr)[i];
   const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(ptr) + i);
   return *reinterpret_cast<const P*>(&raw);
 }

@@ -1,13 +1,24 @@
-// Timeline of the one-pass bias + GeLU backward (bias_gelu_bwd_one_pass_kernel) at rows × 16384:
-// every warp records %globaltimer (ns, one clock for the whole GPU) when it enters, when its first
-// rows are requested, when each of its rows has landed, when its rows are done and when the bias
-// gradient is stored, through the kernel's FLASHEXT_GELU_TRACE hook. Printed: each point's spread
-// over the warps (from the first warp's entry), medians over the timed launches, with the kernel's
-// event time and a same-bytes device-to-device copy's beside it. L2 is flushed (a 256 MB memset)
-// before every launch, as bench_gelu does. Standalone: CUDA runtime only.
+// Timeline of the one-pass bias + GeLU backward at rows × 16384: every warp records %globaltimer
+// (ns, one clock for the whole GPU) when it enters, when its first rows are requested, when each
+// of its rows has landed, when its rows are done and when the bias gradient is stored. Printed:
+// each point's spread over the warps (from the first warp's entry), medians over the timed
+// launches, with the kernel's event time, a same-bytes device-to-device copy's and a traced
+// same-mix add's (two reads per write, no math) beside it. L2 is flushed (a 256 MB memset) before
+// every launch, as bench_gelu does. Standalone: the CUDA runtime and flashext's kernel headers.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/kernels -Icsrc/include \
 //        benchmarks/experiments/bias_bwd_timeline.cu -o /tmp/timeline && /tmp/timeline [rows] [dtype: bf16|fp16|fp32]
+//
+// The kernel timed is one_pass_traced below: bias_gelu_bwd_one_pass_kernel (exact form; see
+// csrc/kernels/gelu/bias_gelu_bwd_one_pass.cuh) copied with trace points, from the same pieces
+// (ring.cuh, epilogue.cuh). Its axes are nvcc -D flags, the shipped configuration by default:
+// TIMELINE_STAGES (ring slots), TIMELINE_ROW_THREADS_16 and TIMELINE_ROW_THREADS_FP32 (row threads
+// a block); timeline_ab.sh compares settings. With -DTIMELINE_NO_TRACE=1 the trace points compile
+// out and, at the defaults, the copy's sm_90a SASS equals the shipped kernel's (cuobjdump -sass
+// both, built with the same flags): check that whenever either changes.
+// Diagnostics (environment): FLASHEXT_TIMELINE_PRECONFIG=1 takes the kernel's dynamic shared
+// memory on every SM right before each launch; FLASHEXT_TIMELINE_CLEAN_FLUSH=1 flushes L2 by
+// reading 256 MB instead of writing it (clean lines to evict).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -16,6 +27,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include "common/device.h"
+#include "common/ptx.cuh"
+#include "common/vec.cuh"
+#include "gelu/epilogue.cuh"
+#include "gelu/plan.h"
+#include "gelu/ring.cuh"
 
 constexpr int kEvents = 8;  // entry, requested, rows 0-3 landed, rows done, bias gradient stored
 constexpr int kMaxBlocks = 1024, kMaxWarps = 32;
@@ -34,11 +52,122 @@ __device__ __forceinline__ void trace_record(long long event) {
     }
   }
 }
-#define FLASHEXT_GELU_TRACE(event) trace_record(event)
-#include "gelu/gelu_kernels.cuh"
+#if TIMELINE_NO_TRACE
+#define TRACE(event) ((void)0)
+#else
+#define TRACE(event) trace_record(event)
+#endif
 
 using namespace flashext;
 using namespace flashext::gelu_detail;
+
+#ifndef TIMELINE_STAGES
+#define TIMELINE_STAGES BiasBwdOnePass::kStages
+#endif
+#ifndef TIMELINE_ROW_THREADS_16
+#define TIMELINE_ROW_THREADS_16 BiasBwdOnePass::kRowThreads16
+#endif
+#ifndef TIMELINE_ROW_THREADS_FP32
+#define TIMELINE_ROW_THREADS_FP32 BiasBwdOnePass::kRowThreadsFp32
+#endif
+constexpr int kStages = TIMELINE_STAGES;
+static_assert(kStages >= 1 && kStages <= 6, "a slot is 32 bytes a thread: 16 KiB for 512 threads");
+template <typename T>
+constexpr int kRowThreads = sizeof(T) == 4 ? TIMELINE_ROW_THREADS_FP32 : TIMELINE_ROW_THREADS_16;
+template <typename T>
+constexpr int kThreads = BiasBwdOnePass::kColThreads * kRowThreads<T>;
+
+template <typename T, int kVec>
+constexpr size_t traced_smem_bytes() {
+  constexpr int kWarpRows = 32 / BiasBwdOnePass::kColThreads;
+  return sizeof(Pack<T, kVec>) * 2 * kStages * kThreads<T> +
+         sizeof(float) * (kRowThreads<T> / kWarpRows) * (BiasBwdOnePass::kColThreads * kVec + 1);
+}
+
+// bias_gelu_bwd_one_pass_kernel<T, kVec, /*kTanh=*/false> with trace points 0-7 (see kEvents).
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads<T>, 1024 / kThreads<T>) one_pass_traced(const RowColArgs args) {
+  constexpr int kColThreads = BiasBwdOnePass::kColThreads, kRows = kRowThreads<T>;
+  constexpr int kBlockThreads = kColThreads * kRows;
+  constexpr int kCols = kColThreads * kVec, kSlices = kBlockThreads / kCols;
+  constexpr int kWarpRows = 32 / kColThreads, kWarps = kBlockThreads / 32;
+  static_assert(32 % kColThreads == 0 && kRows % kWarpRows == 0, "a warp holds whole row threads");
+  static_assert(kVec > 1 && kSlices <= 32 && kWarps % kSlices == 0, "one lane group per column");
+  using P = Pack<T, kVec>;
+  TRACE(0);  // entry
+  const T* x = static_cast<const T*>(args.x);
+  const T* grad_out = static_cast<const T*>(args.grad_out);
+  T* dst = static_cast<T*>(args.dst);
+  const int tx = threadIdx.x % kColThreads, ty = threadIdx.x / kColThreads;
+  const int64_t col_pack = int64_t(blockIdx.x) * kColThreads + tx;
+  const bool col_valid = col_pack * kVec < args.cols;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto ring = reinterpret_cast<P(*)[2][kBlockThreads]>(smem);
+
+  float bias[kVec], bias_grad[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) bias_grad[e] = 0.0f;
+  if (col_valid) {
+    const P* x_col = reinterpret_cast<const P*>(x) + col_pack;
+    const P* grad_col = reinterpret_cast<const P*>(grad_out) + col_pack;
+    P* dst_col = reinterpret_cast<P*>(dst) + col_pack;
+    const int64_t x_stride = int64_t(uint64_t(args.x_row_stride) / kVec), stride = int64_t(uint64_t(args.cols) / kVec);
+    const uint64_t policy = ptx::l2_evict_first_policy();
+    const auto issue = [&](int k) {
+      const int row = ty + k * kRows;
+      const int slot = k % kStages;
+      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][0][threadIdx.x]), x_col + row * x_stride, policy);
+      ptx::cp_async_16_policy(ptx::smem_addr(&ring[slot][1][threadIdx.x]), grad_col + row * stride, policy);
+    };
+    const unsigned rows = unsigned(args.rows);
+    const int my_rows = rows > unsigned(ty) ? int((rows - unsigned(ty) + kRows - 1) / kRows) : 0;
+    ring_prologue<kStages>(my_rows, issue);
+    const P bias_pack = load_pack<T, kVec>(static_cast<const T*>(args.bias), col_pack);
+    unpack(bias_pack, bias);
+    TRACE(1);  // rows 0 … kStages − 1 requested
+    const auto compute = [&](int k, int slot) {  // ring_rows calls it right after row k has landed
+      TRACE(2 + k);  // row k landed
+      float xs[kVec], gs[kVec];
+      unpack(ring[slot][0][threadIdx.x], xs);
+      unpack(ring[slot][1][threadIdx.x], gs);
+      P out;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float value = gelu_epilogue<T, /*kBackward=*/true, /*kTanh=*/false>(xs[e] + bias[e], gs[e]);
+        out.elem[e] = from_float<T>(value);
+        bias_grad[e] += value;
+      }
+      return out;
+    };
+    const auto store = [&](int k, const P& out) { dst_col[(ty + k * kRows) * stride] = out; };
+    ring_rows<kStages>(my_rows, issue, compute, store);
+    ptx::cp_async_wait<0>();
+  }
+  TRACE(6);  // rows done
+
+  auto sums = reinterpret_cast<float(*)[kCols + 1]>(smem + sizeof(P) * 2 * kStages * kBlockThreads);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+#pragma unroll
+    for (int offset = kColThreads; offset < 32; offset *= 2)
+      bias_grad[e] += __shfl_xor_sync(0xffffffffu, bias_grad[e], offset);
+  }
+  if (ty % kWarpRows == 0) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) sums[ty / kWarpRows][tx * kVec + e] = bias_grad[e];
+  }
+  __syncthreads();
+  const int col = threadIdx.x / kSlices, slice = threadIdx.x % kSlices;
+  float sum = 0.0f;
+#pragma unroll
+  for (int w = slice; w < kWarps; w += kSlices) sum += sums[w][col];
+#pragma unroll
+  for (int offset = kSlices / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const int64_t out_col = int64_t(blockIdx.x) * kCols + col;
+  if (slice == 0 && out_col < args.cols) static_cast<T*>(args.grad_bias)[out_col] = from_float<T>(sum);
+  TRACE(7);  // bias gradient stored
+}
 
 #define CHECK(x)                                                         \
   do {                                                                   \
@@ -115,7 +244,7 @@ static float median(std::vector<float> v) {
 template <typename T>
 int run(int64_t rows, int64_t cols, const char* dtype_name) {
   constexpr int kVec = 16 / sizeof(T);
-  constexpr int kThreads = kOnePassThreads<T>;
+  constexpr int kBlockThreads = kThreads<T>;
   const int64_t n = rows * cols;
   T *x, *g, *bias, *dx, *db;
   CHECK(cudaMalloc(&x, n * sizeof(T)));
@@ -134,8 +263,8 @@ int run(int64_t rows, int64_t cols, const char* dtype_name) {
   CHECK(cudaMemset(src, 1, copy_bytes));
 
   const RowColArgs args{g, x, bias, dx, nullptr, rows, cols, cols, rows, false, db};
-  const auto kernel = bias_gelu_bwd_one_pass_kernel<T, kVec, false>;
-  constexpr size_t kSmem = one_pass_smem_bytes<T, kVec>();
+  const auto kernel = one_pass_traced<T, kVec>;
+  constexpr size_t kSmem = traced_smem_bytes<T, kVec>();
   CHECK(allow_dynamic_smem(kernel, kSmem));
   CHECK(allow_dynamic_smem(touch_smem, kSmem));
   const bool preconfig = getenv("FLASHEXT_TIMELINE_PRECONFIG") && atoi(getenv("FLASHEXT_TIMELINE_PRECONFIG")) != 0;
@@ -237,15 +366,15 @@ int run(int64_t rows, int64_t cols, const char* dtype_name) {
   };
 
   const int blocks = int((cols + kVec * BiasBwdOnePass::kColThreads - 1) / (kVec * BiasBwdOnePass::kColThreads));
-  printf("%s %lld x %lld: one-pass backward %d blocks x %d threads, %zu B shared memory\n",
-         dtype_name, (long long)rows, (long long)cols, blocks, kThreads, kSmem);
+  printf("%s %lld x %lld: one-pass backward %d blocks x %d threads, %d ring slots, %zu B shared memory\n",
+         dtype_name, (long long)rows, (long long)cols, blocks, kBlockThreads, kStages, kSmem);
   const float copy_ms = measure("same-bytes copy", [&] { CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 0, 0);
   const int64_t packs = n / kVec;
   const int add_blocks = int((packs + 255) / 256);
   const float add_ms = measure("add 2r1w (traced)", [&] { add_2r1w<T><<<add_blocks, 256>>>(x, g, dx, packs); },
                                std::min(add_blocks, kMaxBlocks), 8);
-  const float ours_ms = measure("one-pass backward (traced)", [&] { kernel<<<blocks, kThreads, kSmem>>>(args); },
-                                blocks, kThreads / 32);
+  const float ours_ms = measure("one-pass backward (traced)", [&] { kernel<<<blocks, kBlockThreads, kSmem>>>(args); },
+                                blocks, kBlockThreads / 32);
   printf("one-pass backward: %.3f of the copy, %.3f of the add (the add: %.3f of the copy; first %d of its %d blocks traced)\n",
          copy_ms / ours_ms, add_ms / ours_ms, copy_ms / add_ms, std::min(add_blocks, kMaxBlocks), add_blocks);
   std::vector<int> per_sm(1024, 0);

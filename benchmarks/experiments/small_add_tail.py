@@ -1,7 +1,7 @@
-"""Where the upper tail of small add + GeLU calls comes from (docs/notes/gelu.md, Ideas 4).
+"""Where the spread of small add + GeLU calls comes from (docs/notes/gelu.md, "Benchmark order").
 
-At n = 2^16, bench_gelu's quartiles for flashext are ~0.5 us wider than the seed's Triton kernel
-and a same-bytes copy in every dtype. This times, interleaved as bench_gelu does (bench_paired:
+At n = 2^16 (4-5 us calls) a quarter of flashext's calls once took ~0.5 us more than the seed's
+Triton kernel's and a same-bytes copy's. This times, interleaved as bench_gelu does (bench_paired:
 L2 flushed before every call, a spin ahead of it), the same call made several ways, and prints
 percentiles of each:
   op            flashext's op as bench_gelu calls it (a fresh output per call)
@@ -10,8 +10,9 @@ percentiles of each:
   seed, graph_seed  the seed's Triton kernel, direct and replayed from a graph
   copy          a same-bytes copy
 With "mix", bench_gelu's own set instead (flashext's op, the Triton twin, the seed, eager,
-torch.compile, the copy), once in bench_paired's rotated order (each always after the same one)
-and once in balanced orders (each after each other equally often).
+torch.compile, the copy), once in a rotated order (each always after the same one) and once in
+balanced orders (each after each other equally often): the tail came from the rotated order.
+
     python benchmarks/experiments/small_add_tail.py [n] [dtype] [iters] [ways|mix]
 """
 

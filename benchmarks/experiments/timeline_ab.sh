@@ -1,7 +1,10 @@
 #!/bin/bash
-# Timeline A/B of one-pass backward variants (bias_bwd_timeline.cu) on a GPU machine:
+# Timeline A/B of one-pass backward settings (bias_bwd_timeline.cu's TIMELINE_* axes) on a GPU
+# machine, from the repository root:
 #   VARIANTS="name:nvcc flags|..." [DTYPES="bf16 fp32"] [ROWS=256] bash benchmarks/experiments/timeline_ab.sh
-# builds one binary per variant, runs each twice per dtype in turn, appends to $OUT/timeline.txt.
+#   e.g. VARIANTS="base:|stages3:-DTIMELINE_STAGES=3|rows32:-DTIMELINE_ROW_THREADS_16=32"
+# builds one binary per variant, runs each twice per dtype in turn (so slow drifts of the GPU hit
+# every variant alike), appends everything to $OUT/timeline.txt and prints the summary lines.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"

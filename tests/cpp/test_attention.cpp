@@ -12,12 +12,16 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
 #include "common/online_softmax.h"
 #include "flashext/attention.h"
 
 namespace {
 
 using flashext::SoftmaxState;
+using flashext_test::DeviceBuffer;
+using flashext_test::from_float;
+using flashext_test::to_float;
 
 // ---- host: the online-softmax math -----------------------------------------------------------
 
@@ -74,18 +78,6 @@ TEST(FlashFwd, HeadDimMapping) {
 }
 
 // ---- GPU: the kernel against a CPU reference -------------------------------------------------
-
-bool has_device() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-template <typename T> float to_float(T v);
-template <> float to_float(__half v) { return __half2float(v); }
-template <> float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> T from_float(float v);
-template <> __half from_float(float v) { return __float2half_rn(v); }
-template <> __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 
 struct Case {
   int batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim;
@@ -144,35 +136,22 @@ void run_case(const Case& c) {
   }
   const int total_q = cu_q.back(), total_k = cu_k.back(), d = c.head_dim;
   std::mt19937 rng(uint32_t(total_q * 131 + total_k * 7 + d));
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  auto fill = [&](size_t n) {
-    std::vector<T> x(n);
-    for (auto& e : x) e = from_float<T>(dist(rng));
-    return x;
-  };
-  const auto q = fill(size_t(total_q) * c.heads * d), k = fill(size_t(total_k) * c.heads_kv * d),
-             v = fill(size_t(total_k) * c.heads_kv * d);
-  T *dq, *dk, *dv, *dout;
-  float* dlse;
-  int *dcu_q, *dcu_k;
+  const auto q = flashext_test::random_values<T>(size_t(total_q) * c.heads * d, rng, 1.0f),
+             k = flashext_test::random_values<T>(size_t(total_k) * c.heads_kv * d, rng, 1.0f),
+             v = flashext_test::random_values<T>(size_t(total_k) * c.heads_kv * d, rng, 1.0f);
   const size_t o_bytes = q.size() * sizeof(T), lse_count = size_t(c.heads) * total_q;
-  ASSERT_EQ(cudaMalloc(&dq, q.size() * sizeof(T) + 16), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dk, k.size() * sizeof(T) + 16), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dv, v.size() * sizeof(T) + 16), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dout, o_bytes + 16), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dlse, lse_count * sizeof(float) + 16), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dcu_q, cu_q.size() * sizeof(int)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dcu_k, cu_k.size() * sizeof(int)), cudaSuccess);
-  cudaMemcpy(dq, q.data(), q.size() * sizeof(T), cudaMemcpyHostToDevice);
-  cudaMemcpy(dk, k.data(), k.size() * sizeof(T), cudaMemcpyHostToDevice);
-  cudaMemcpy(dv, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  cudaMemcpy(dcu_q, cu_q.data(), cu_q.size() * sizeof(int), cudaMemcpyHostToDevice);
-  cudaMemcpy(dcu_k, cu_k.data(), cu_k.size() * sizeof(int), cudaMemcpyHostToDevice);
-  cudaMemset(dout, 0xFF, o_bytes);  // NaN poison
-  cudaMemset(dlse, 0xFF, lse_count * sizeof(float));
+  // Outputs start as NaN (DeviceBuffer's poison); 16 bytes of slack past every tensor.
+  DeviceBuffer dq(q.size() * sizeof(T) + 16), dk(k.size() * sizeof(T) + 16), dv(v.size() * sizeof(T) + 16),
+      dout(o_bytes + 16), dlse(lse_count * sizeof(float) + 16), dcu_q(cu_q.size() * sizeof(int)),
+      dcu_k(cu_k.size() * sizeof(int));
+  flashext_test::upload(dq.get(), q);
+  flashext_test::upload(dk.get(), k);
+  flashext_test::upload(dv.get(), v);
+  flashext_test::upload(dcu_q.get(), cu_q);
+  flashext_test::upload(dcu_k.get(), cu_k);
 
   flashext::FlashFwdParams p;
-  p.q = dq; p.k = dk; p.v = dv; p.o = dout; p.lse = dlse;
+  p.q = dq.get(); p.k = dk.get(); p.v = dv.get(); p.o = dout.get(); p.lse = dlse.at<float>();
   p.q_row_stride = int64_t(c.heads) * d; p.q_head_stride = d; p.q_batch_stride = int64_t(c.seqlen_q) * p.q_row_stride;
   p.k_row_stride = int64_t(c.heads_kv) * d; p.k_head_stride = d; p.k_batch_stride = int64_t(c.seqlen_k) * p.k_row_stride;
   p.v_row_stride = p.k_row_stride; p.v_head_stride = d; p.v_batch_stride = p.k_batch_stride;
@@ -181,8 +160,8 @@ void run_case(const Case& c) {
   p.lse_head_stride = varlen ? total_q : c.seqlen_q;
   p.lse_batch_stride = int64_t(c.heads) * c.seqlen_q;
   if (varlen) {
-    p.cu_seqlens_q = dcu_q;
-    p.cu_seqlens_k = dcu_k;
+    p.cu_seqlens_q = dcu_q.at<int>();
+    p.cu_seqlens_k = dcu_k.at<int>();
     p.total_q = total_q;
     p.total_k = total_k;
   }
@@ -193,14 +172,12 @@ void run_case(const Case& c) {
   p.softcap = c.softcap;
   p.window_left = c.window_left;
   p.window_right = c.causal ? 0 : c.window_right;
-  p.dtype = std::is_same_v<T, __half> ? flashext::DType::kFloat16 : flashext::DType::kBFloat16;
-  ASSERT_EQ(flashext::run_flash_fwd(p, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  p.dtype = flashext_test::dtype_of<T>();
+  FX_ASSERT_CUDA(flashext::run_flash_fwd(p, nullptr));
+  FX_ASSERT_CUDA(cudaDeviceSynchronize());
 
-  std::vector<T> out(q.size());
-  std::vector<float> lse(lse_count);
-  cudaMemcpy(out.data(), dout, o_bytes, cudaMemcpyDeviceToHost);
-  cudaMemcpy(lse.data(), dlse, lse_count * sizeof(float), cudaMemcpyDeviceToHost);
+  const auto out = flashext_test::download<T>(dout.get(), q.size());
+  const auto lse = flashext_test::download<float>(dlse.get(), lse_count);
   const double tol = std::is_same_v<T, __half> ? 4e-3 : 3e-2;  // 16-bit P and O roundings
   for (size_t b = 0; b < lq.size(); ++b) {
     std::vector<float> qf, kf, vf;
@@ -227,7 +204,6 @@ void run_case(const Case& c) {
       }
     }
   }
-  cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dlse); cudaFree(dcu_q); cudaFree(dcu_k);
 }
 
 template <typename T>
@@ -236,7 +212,7 @@ using Types = ::testing::Types<__half, __nv_bfloat16>;
 TYPED_TEST_SUITE(FlashFwdKernel, Types);
 
 TYPED_TEST(FlashFwdKernel, AgainstCpuReference) {
-  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  FX_SKIP_WITHOUT_GPU();
   run_case<TypeParam>({2, 37, 53, 4, 2, 64});
   run_case<TypeParam>({1, 128, 217, 2, 1, 128, /*causal=*/true});
   run_case<TypeParam>({2, 65, 65, 2, 2, 80, false, 8, 0});  // head dim 80 served by 128; window

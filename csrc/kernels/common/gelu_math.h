@@ -66,7 +66,7 @@ FX_HOST_DEVICE TanhParts tanh_parts(float u) {
 FX_HOST_DEVICE float gelu_erf(float z) { return 0.5f * z * (1.0f + erff(z * kSqrt1_2)); }
 
 // Φ(z) from one exponential and one reciprocal, for results rounded to 16 bits (erff costs about
-// twice the instructions; the 16-bit bias kernels are issue-bound on it, docs/notes/gelu.md). With
+// twice the instructions: with it the 16-bit bias kernels were issue-bound, docs/notes/gelu.md). With
 // x = |z|, the upper tail Q(x) = 1 − Φ(x) = φ(x)·M(x), M the Mills ratio, fitted as
 //   M(x) ≈ t·P(t),  t = 1 / (1 + p·x)
 // (iteratively reweighted least squares in float64 on x ∈ [0, 13.5]), with a relative error in Q
@@ -165,7 +165,7 @@ FX_HOST_DEVICE float gelu_tanh_grad(float z) {
 }
 
 // The form chosen at run time, for host code and the C++ tests; the kernels choose it at compile
-// time (gelu_epilogue in gelu_kernels.cuh): a runtime branch there cost the 16-bit kernels ~4%.
+// time (gelu_epilogue in gelu/epilogue.cuh): a runtime branch there made the 16-bit kernels spill.
 FX_HOST_DEVICE float gelu(float z, bool tanh_form) { return tanh_form ? gelu_tanh(z) : gelu_erf(z); }
 
 FX_HOST_DEVICE float gelu_grad(float z, bool tanh_form) {

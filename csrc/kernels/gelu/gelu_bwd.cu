@@ -1,17 +1,15 @@
-// flashext GeLU epilogues, backward: grad = grad_out · gelu'(z), and for bias + GeLU the bias
-// gradient Σ_rows grad. Kernel bodies and their header comment: gelu_kernels.cuh.
-#include "gelu_kernels.cuh"
+// flashext GeLU epilogues, backward: grad = grad_out · gelu'(z) for add + GeLU (add_gelu.cuh), and
+// for bias + GeLU with the bias gradient Σ_rows grad, in one launch over few rows
+// (bias_gelu_bwd_one_pass.cuh) or as a rows pass and a column reduction (bias_gelu.cuh).
+#include "add_gelu.cuh"
+#include "bias_gelu.cuh"
+#include "bias_gelu_bwd_one_pass.cuh"
+#include "flashext/gelu.h"
+#include "plan.h"
 
 namespace flashext {
 
 using namespace gelu_detail;
-
-// Few rows in one launch (bias_gelu_bwd_one_pass); -DFLASHEXT_GELU_BIAS_BWD_ONE_PASS=0 keeps the
-// two-kernel path everywhere (A/B).
-#ifndef FLASHEXT_GELU_BIAS_BWD_ONE_PASS
-#define FLASHEXT_GELU_BIAS_BWD_ONE_PASS 1
-#endif
-bool bias_gelu_bwd_one_pass_enabled() { return FLASHEXT_GELU_BIAS_BWD_ONE_PASS != 0; }
 
 cudaError_t run_add_gelu_bwd(const AddGeluBwdParams& p, cudaStream_t stream) {
   if (p.n < 0) return cudaErrorInvalidValue;
@@ -28,25 +26,18 @@ cudaError_t run_bias_gelu_bwd(const BiasGeluBwdParams& p, cudaStream_t stream) {
   if (p.rows == 0) {  // Σ over no rows: the bias gradient is zero
     return cudaMemsetAsync(p.grad_bias, 0, size_t(p.cols) * dtype_size(p.dtype), stream);
   }
-  if (bias_gelu_bwd_one_pass(p)) {  // vectorized: 16-byte packs of T
+  const bool tanh_form = p.approximate == GeluApprox::kTanh;
+  if (bias_gelu_bwd_one_pass(p)) {
     const RowColArgs args{p.grad_out, p.x, p.bias, p.grad_x, nullptr, p.rows, p.cols, p.x_row_stride,
-                          p.rows, p.approximate == GeluApprox::kTanh, p.grad_bias};
+                          p.rows, tanh_form, p.grad_bias};
     return dispatch_dtype(p.dtype, [&](auto type_tag) {
-      using T = decltype(type_tag);
-      constexpr int kThreads = kOnePassThreads<T>;
-      const dim3 grid(unsigned(ceil_div(p.cols, int64_t(kVec16<T>) * BiasBwdOnePass::kColThreads)));
-      constexpr size_t kSmem = one_pass_smem_bytes<T, kVec16<T>>();
-      const auto kernel = args.tanh_form ? bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, true>
-                                         : bias_gelu_bwd_one_pass_kernel<T, kVec16<T>, false>;
-      FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, kSmem));
-      kernel<<<grid, kThreads, kSmem, stream>>>(args);
-      return cudaGetLastError();
+      return launch_bias_gelu_bwd_one_pass<decltype(type_tag)>(args, stream);
     });
   }
   if (p.workspace == nullptr) return cudaErrorInvalidValue;
   const RowColPlan plan = plan_bias_gelu_bwd(p);
   const RowColArgs args{p.grad_out, p.x, p.bias, p.grad_x, p.workspace, p.rows, p.cols,
-                        p.x_row_stride, plan.rows_per_block, p.approximate == GeluApprox::kTanh};
+                        p.x_row_stride, plan.rows_per_block, tanh_form};
   return dispatch_dtype(p.dtype, [&](auto type_tag) {
     using T = decltype(type_tag);
     FX_RETURN_IF_ERROR((launch_bias_gelu<T, /*kBackward=*/true>(args, plan, stream)));

@@ -1,6 +1,9 @@
-// flashext GeLU epilogues, forward: out = gelu(x + y) and out = gelu(x + bias).
-// Kernel bodies and their header comment: gelu_kernels.cuh.
-#include "gelu_kernels.cuh"
+// flashext GeLU epilogues, forward: out = gelu(x + y) (add_gelu.cuh) and out = gelu(x + bias)
+// (bias_gelu.cuh); the launch plan comes from plan.h.
+#include "add_gelu.cuh"
+#include "bias_gelu.cuh"
+#include "flashext/gelu.h"
+#include "plan.h"
 
 namespace flashext {
 
@@ -15,14 +18,6 @@ cudaError_t run_add_gelu_fwd(const AddGeluParams& p, cudaStream_t stream) {
   });
 }
 
-// A/B knob: FLASHEXT_GELU_BIAS_ROWS_32 = 2 or 4 fixes the vectorized fp32 forward's rows in flight
-// (0: bias_gelu_fwd_rows_fp32 chooses).
-#ifndef FLASHEXT_GELU_BIAS_ROWS_32
-#define FLASHEXT_GELU_BIAS_ROWS_32 0
-#endif
-static_assert(FLASHEXT_GELU_BIAS_ROWS_32 == 0 || FLASHEXT_GELU_BIAS_ROWS_32 == 2 ||
-              FLASHEXT_GELU_BIAS_ROWS_32 == kBiasRowUnrollManyWaves, "FLASHEXT_GELU_BIAS_ROWS_32: 0, 2 or 4");
-
 cudaError_t run_bias_gelu_fwd(const BiasGeluParams& p, cudaStream_t stream) {
   if (p.rows < 0 || p.cols < 0 || p.x_row_stride < p.cols) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
@@ -30,14 +25,8 @@ cudaError_t run_bias_gelu_fwd(const BiasGeluParams& p, cudaStream_t stream) {
   const int vec = bias_gelu_vec_width(ptrs, 3, p.cols, p.x_row_stride, p.dtype);
   return dispatch_dtype(p.dtype, [&](auto type_tag) {
     using T = decltype(type_tag);
-    int row_unroll = kBiasRowUnroll<T, /*kBackward=*/false>;
-    if constexpr (sizeof(T) == 4) {
-#if FLASHEXT_GELU_BIAS_ROWS_32
-      row_unroll = vec > 1 ? FLASHEXT_GELU_BIAS_ROWS_32 : row_unroll;
-#else
-      row_unroll = bias_gelu_fwd_rows_fp32(p.rows, p.cols, vec, current_device_sm_count());
-#endif
-    }
+    const int row_unroll = sizeof(T) == 4 ? bias_gelu_fwd_rows_fp32(p.rows, p.cols, vec, current_device_sm_count())
+                                          : kBiasRowUnroll<T, /*kBackward=*/false>;
     const RowColPlan plan = plan_bias_gelu(p.rows, p.cols, vec, /*max_row_groups=*/INT64_MAX, row_unroll);
     const RowColArgs args{nullptr, p.x, p.bias, p.out, nullptr, p.rows, p.cols, p.x_row_stride,
                           plan.rows_per_block, p.approximate == GeluApprox::kTanh};

@@ -1,10 +1,11 @@
-// flashext GeLU epilogues: host-side launch planning (no device code; unit-tested on the CPU).
+// flashext GeLU epilogues: host-side launch planning (plan.h; no device code, unit-tested on the CPU).
+#include "plan.h"
+
 #include <algorithm>
 #include <cstdint>
 
 #include "../common/device.h"
 #include "../common/macros.h"
-#include "flashext/gelu.h"
 
 namespace flashext {
 
@@ -64,7 +65,7 @@ RowColPlan plan_bias_gelu_bwd(const BiasGeluBwdParams& p) {
 }
 
 bool bias_gelu_bwd_one_pass(int64_t rows, int64_t cols, int vec, int sm_count) {
-  if (!bias_gelu_bwd_one_pass_enabled() || vec <= 1 || rows > BiasBwdOnePass::kMaxRows) return false;
+  if (vec <= 1 || rows > BiasBwdOnePass::kMaxRows) return false;
   return ceil_div(cols, int64_t(vec) * BiasBwdOnePass::kColThreads) >= int64_t(sm_count);
 }
 
