@@ -62,6 +62,32 @@ TEST(OnlineSoftmax, EmptyRowsStayEmptyAndNeverNaN) {
   EXPECT_NEAR(flashext::row_lse(one), 2.0f * flashext::kLn2, 1e-6f);  // log2 units → natural log
 }
 
+// A row's first visible key block with a very negative max (large logits, few visible keys, as
+// in the first causal rows): the empty state's rescale must be 0, not 2^(0 − m) · 0 = inf · 0 = NaN.
+TEST(OnlineSoftmax, EmptyRowMeetingVeryNegativeScoresStaysFinite) {
+  for (float m : {-127.0f, -129.0f, -1000.0f, -3.0e38f}) {
+    EXPECT_EQ(flashext::rescale_factor(-INFINITY, m), 0.0f) << m;
+    EXPECT_EQ(flashext::rescale_factor(-INFINITY, m, flashext::kLog2e), 0.0f) << m;
+    const SoftmaxState merged = flashext::merge_softmax_states({-INFINITY, 0.0f}, {m, 1.0f});
+    EXPECT_EQ(merged.row_max, m);
+    EXPECT_EQ(merged.row_sum, 1.0f);
+    EXPECT_TRUE(std::isfinite(flashext::row_lse(merged)));
+  }
+  EXPECT_EQ(flashext::rescale_factor(-500.0f, -400.0f), std::exp2(-100.0f));
+}
+
+// The scaled bookkeeping of online_softmax: max in the scores' units, scale applied after x − m.
+TEST(OnlineSoftmax, ScaledStatesMergeLikeTheWholeRow) {
+  const std::vector<float> x = {1.0e4f, 1.0e4f - 1.0f, -3.0f, 9999.5f};
+  const float c = flashext::kLog2e;
+  SoftmaxState a{std::max(x[0], x[1]), std::exp2((x[0] - 1.0e4f) * c) + std::exp2((x[1] - 1.0e4f) * c)};
+  SoftmaxState b{std::max(x[2], x[3]), std::exp2((x[2] - x[3]) * c) + 1.0f};
+  const SoftmaxState merged = flashext::merge_softmax_states(a, b, c);
+  EXPECT_EQ(merged.row_max, 1.0e4f);
+  const double want = 1.0 + std::exp(-1.0) + std::exp(-10003.0) + std::exp(-0.5);
+  EXPECT_NEAR(merged.row_sum, want, 1e-6 * want);
+}
+
 TEST(FlashFwd, HeadDimMapping) {
   EXPECT_EQ(flashext::flash_fwd_kernel_head_dim(64), 64);
   EXPECT_EQ(flashext::flash_fwd_kernel_head_dim(8), 64);
