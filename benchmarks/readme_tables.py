@@ -1,8 +1,8 @@
-"""Print the README's performance tables (markdown) from a bench_gelu.py or bench_attention.py
-results JSON.
+"""Print the performance tables (markdown) from a bench_gelu.py or bench_attention.py results JSON:
+every point (docs/performance.md), or with --summary one table per op family (the README).
 
     python benchmarks/readme_tables.py benchmarks/results/gelu.json
-    python benchmarks/readme_tables.py benchmarks/results/attention.json
+    python benchmarks/readme_tables.py --summary benchmarks/results/attention.json
 """
 
 import json
@@ -19,7 +19,7 @@ def table(columns: list[str], lines) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
-def attention_tables(payload) -> None:
+def attention_tables(payload, summary: bool = False) -> None:
     meta, rows = payload["meta"], payload["rows"]
     print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit `{meta['commit'][:10]}`, "
           f"{meta['date'][:10]}. Forward TFLOP/s = 4·B·H·S²·D (halved when causal) / time; B·S = 16384, "
@@ -39,6 +39,18 @@ def attention_tables(payload) -> None:
     table(["head dim"] + [f"vs {name}" for name in anchors],
           ([str(d), *worst_median(d)] for d in sorted({r["head_dim"] for r in fwd})))
     print("\n(worst / median over fp16 and bf16, causal and not, S = 512 … 16384)\n")
+    if summary:
+        softmax = [r for r in rows if r["section"] == "softmax"]
+        if softmax:
+            print("**online_softmax** against `torch.softmax` (GB/s counting one read and one write; rows of 4096 … "
+                  "65536 columns)\n")
+            table(["dtype", "flashext GB/s", "speedup, worst / median"],
+                  ([dtype, f"{min(r['flashext']['gbps'] for r in group):.0f}-{max(r['flashext']['gbps'] for r in group):.0f}",
+                    f"{min(r['torch']['ms'] / r['flashext']['ms'] for r in group):.2f}× / "
+                    f"{statistics.median(r['torch']['ms'] / r['flashext']['ms'] for r in group):.2f}×"]
+                   for dtype in sorted({r["dtype"] for r in softmax})
+                   for group in [[r for r in softmax if r["dtype"] == dtype]]))
+        return
     table(["dtype", "D", "mask", "S", "flashext TFLOP/s", "SDPA flash", "cuDNN", "FlexAttention", "Triton twin"],
           ([r["dtype"], str(r["head_dim"]), "causal" if r["causal"] else "full", str(r["seqlen"]),
             f"{r['flashext']['tflops']:.0f}",
@@ -58,16 +70,43 @@ def attention_tables(payload) -> None:
                 f"{r['torch']['ms'] / r['flashext']['ms']:.2f}×"] for r in softmax))
 
 
-def main(path: str) -> None:
+def gelu_summary(payload, ceiling: float) -> None:
+    """One row per pass and dtype at its largest size: of the copy ceiling, and time ratios."""
+    rows = payload["rows"]
+    names = {"add": "gelu(x + y)", "add_bwd": "gelu(x + y) backward", "bias": "gelu(x + bias)",
+             "bias_bwd": "gelu(x + bias) backward"}
+
+    def cell(row, name):
+        return f"{row[name]['ms'] / row['flashext']['ms']:.2f}×" if name in row else "n/a"
+
+    def lines():
+        for section, label in names.items():
+            for dtype in ("fp32", "fp16", "bf16"):
+                group = [r for r in rows if r["section"] == section and r["dtype"] == dtype]
+                for row in sorted(group, key=lambda r: -r["bytes"])[:1] + sorted(group, key=lambda r: r["bytes"])[:1]:
+                    shape = f"2^{row['n'].bit_length() - 1}" if "n" in row else f"{row['rows']}×{row['cols']}"
+                    yield [label, dtype, shape, f"{row['flashext']['gbps'] / ceiling:.2f}",
+                           f"{row['flashext']['gbps'] / row['copy']['gbps']:.2f}",
+                           *(cell(row, a) for a in ("eager", "torch_compile", "triton_twin"))]
+
+    table(["op", "dtype", "size", "of copy ceiling", "of same-bytes copy", "vs eager", "vs torch.compile",
+           "vs Triton twin"], lines())
+    print("\n(the largest and the smallest size of each; every size is in docs/performance.md)")
+
+
+def main(path: str, summary: bool = False) -> None:
     payload = json.loads(Path(path).read_text())
     if any(r["section"] == "fwd" for r in payload["rows"]):
-        attention_tables(payload)
+        attention_tables(payload, summary)
         return
     meta = payload["meta"]
     ceiling = max(payload["ceiling_copy_gbps"], payload.get("ceiling_copy_gbps_end", 0))
     rows = payload["rows"]
     print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit `{meta['commit'][:10]}`, "
           f"{meta['date'][:10]}; copy ceiling {ceiling:.0f} GB/s (2 GiB device-to-device copy).\n")
+    if summary:
+        gelu_summary(payload, ceiling)
+        return
 
     def speedup(row, name):
         return f"{row[name]['ms'] / row['flashext']['ms']:.2f}×" if name in row else ""
@@ -118,4 +157,5 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).parent / "results" / "gelu.json"))
+    args = [a for a in sys.argv[1:] if a != "--summary"]
+    main(args[0] if args else str(Path(__file__).parent / "results" / "gelu.json"), "--summary" in sys.argv[1:])
