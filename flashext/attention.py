@@ -47,8 +47,8 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     costs a host sync. Without it the kernel still never reads or writes out of bounds (it clamps
     the offsets), but a sequence longer than max_seqlen_q would leave rows unwritten.
     """
-    if validate is None:
-        validate = not (torch.compiler.is_compiling() or
+    if validate is None:  # not while tracing (no values) or capturing a graph (no host sync)
+        validate = not (torch.compiler.is_compiling() or q.is_meta or
                         (q.is_cuda and torch.cuda.is_current_stream_capturing()))
     if validate:
         _validate_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
