@@ -19,7 +19,12 @@ import re
 from pathlib import Path
 
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+
+try:
+    from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+except ImportError as exc:  # the build compiles against the installed torch
+    raise SystemExit("flashext builds against your torch: install torch first, then "
+                     "`pip install --no-build-isolation .` (scripts/setup.sh does both)") from exc
 
 ROOT = Path(__file__).parent.resolve()
 MIN_ARCH = 80  # mma.sync bf16, cp.async, ldmatrix
@@ -49,26 +54,30 @@ def gencode_flags(targets: list[str]) -> list[str]:
     return [f"-gencode=arch=compute_{t.split('_')[1]},code={t}" for t in targets]
 
 
-targets = cuda_targets(os.environ.get("FLASHEXT_CUDA_ARCHS", "90a"))
-arch_define = f'-DFLASHEXT_CUDA_ARCHS="{";".join(targets)}"'  # read back by build_info()
-sources = sorted(
-    str(p.relative_to(ROOT))
-    for pattern in ("csrc/torch/*.cpp", "csrc/kernels/**/*.cu", "csrc/kernels/**/*.cpp")
-    for p in ROOT.glob(pattern)
-)
+def main() -> None:
+    targets = cuda_targets(os.environ.get("FLASHEXT_CUDA_ARCHS", "90a"))
+    arch_define = f'-DFLASHEXT_CUDA_ARCHS="{";".join(targets)}"'  # read back by build_info()
+    sources = sorted(
+        str(p.relative_to(ROOT))
+        for pattern in ("csrc/torch/*.cpp", "csrc/kernels/**/*.cu", "csrc/kernels/**/*.cpp")
+        for p in ROOT.glob(pattern)
+    )
+    setup(
+        ext_modules=[
+            CUDAExtension(
+                name="flashext._C",
+                sources=sources,
+                include_dirs=[str(ROOT / "csrc" / "include")],
+                extra_compile_args={
+                    "cxx": ["-O3", arch_define],
+                    "nvcc": ["-O3", "-lineinfo", arch_define, *gencode_flags(targets),
+                             *os.environ.get("FLASHEXT_NVCC_FLAGS", "").split()],
+                },
+            )
+        ],
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    )
 
-setup(
-    ext_modules=[
-        CUDAExtension(
-            name="flashext._C",
-            sources=sources,
-            include_dirs=[str(ROOT / "csrc" / "include")],
-            extra_compile_args={
-                "cxx": ["-O3", arch_define],
-                "nvcc": ["-O3", "-lineinfo", arch_define, *gencode_flags(targets),
-                         *os.environ.get("FLASHEXT_NVCC_FLAGS", "").split()],
-            },
-        )
-    ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-)
+
+if __name__ == "__main__":  # pip's build backend runs this file as __main__; tests import it
+    main()
