@@ -31,8 +31,12 @@ def test_build_info_has_the_same_keys_everywhere():
 
 
 # Imports flashext from the current directory, as a user's script would, and reports what it saw.
+# An editable install's finder would resolve the copy's `from . import _C` to the checkout's
+# build: drop it, so the copy stands alone.
 _PROBE = r"""
-import json, torch
+import json, sys
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+import torch
 import flashext, flashext.reference
 from flashext.triton_ref import attention, gelu
 info = flashext.build_info()
