@@ -117,7 +117,7 @@ def _summary(info: dict) -> str:
     """Two lines a person can read: what the build holds, and the device."""
     head = f"flashext {info['version']} (torch {info['torch']})"
     if not info["built"]:
-        build = f"{head}: the CUDA extension is not loaded. {info['import_error']}"
+        build = f"{head}: {info['import_error']}"
     else:
         code = "with PTX" if info["ptx"] else "machine code only"
         archs = ", ".join(info["cuda_archs"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 import torch
@@ -10,16 +11,23 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def _why_not_loaded(exc: ImportError) -> str:
+    found = sorted(p.name for p in _PACKAGE_DIR.glob("_C.*"))
+    if any(name == "_C" + suffix for name in found for suffix in EXTENSION_SUFFIXES):
+        state = f"does not load ({exc})"
+    elif found:
+        state = f"is built for another Python ({', '.join(found)})"
+    else:
+        state = None
     still_works = "flashext.reference and the Triton twins (flashext.triton_ref) work without it"
     root = _PACKAGE_DIR.parent
     if (root / "setup.py").is_file() and (root / "csrc").is_dir():  # a source checkout
-        state = f"does not load ({exc})" if any(_PACKAGE_DIR.glob("_C*.so")) else "is not built"
+        shadows = Path.cwd().resolve() == root  # run from the checkout's root, it hides an installed flashext
+        elsewhere = ", or run from another directory to use an installed flashext" if shadows else ""
         return (f"flashext is imported from its source tree ({_PACKAGE_DIR}), where the CUDA extension "
-                f"flashext._C {state}: build it in place with `pip install --no-build-isolation -e .` "
-                "(or `bash scripts/setup.sh`), or run from another directory to use an installed flashext; "
-                f"{still_works}")
-    return (f"the CUDA extension flashext._C does not load ({exc}): reinstall flashext with "
-            f"`pip install --no-build-isolation .` against the torch you run; {still_works}")
+                f"flashext._C {state or 'is not built'}: build it in place with "
+                f"`pip install --no-build-isolation -e .` (or `bash scripts/setup.sh`){elsewhere}; {still_works}")
+    return (f"The CUDA extension flashext._C {state or f'is missing from {_PACKAGE_DIR}'}: reinstall flashext "
+            f"with `pip install --no-build-isolation .` against the torch you run; {still_works}")
 
 
 try:

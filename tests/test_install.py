@@ -3,6 +3,7 @@ tree and as an installed copy), and setup.py's reading of FLASHEXT_CUDA_ARCHS.""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -52,11 +53,13 @@ print(json.dumps({"info": info, "raised": raised, "file": flashext.__file__,
 """
 
 
-def _import_unbuilt_copy(tmp_path: Path, source_tree: bool) -> dict:
+def _import_unbuilt_copy(tmp_path: Path, source_tree: bool, stale_build: str | None = None) -> dict:
     shutil.copytree(ROOT / "flashext", tmp_path / "flashext", ignore=shutil.ignore_patterns("_C*", "__pycache__"))
     if source_tree:  # what a checkout looks like next to the package
         shutil.copy(ROOT / "setup.py", tmp_path)
         (tmp_path / "csrc").mkdir()
+    if stale_build:  # a file where the extension would be, that cannot be loaded
+        (tmp_path / "flashext" / stale_build).write_bytes(b"not an ELF file")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env.pop("PYTHONPATH", None)
     done = subprocess.run([sys.executable, "-c", _PROBE], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -78,8 +81,18 @@ def test_import_without_the_extension(tmp_path, source_tree):
     if source_tree:
         assert "source tree" in info["import_error"] and "is not built" in info["import_error"]
         assert "pip install --no-build-isolation -e ." in info["import_error"]
+        assert "run from another directory" in info["import_error"]  # the probe runs from the tree's root
     else:
-        assert "reinstall" in info["import_error"] and "source tree" not in info["import_error"]
+        assert "is missing from" in info["import_error"] and "reinstall" in info["import_error"]
+
+
+@pytest.mark.parametrize("stale_build, says", [
+    (f"_C{importlib.machinery.EXTENSION_SUFFIXES[0]}", "does not load ("),
+    ("_C.cpython-39-x86_64-linux-gnu.so", "is built for another Python (_C.cpython-39-x86_64-linux-gnu.so)"),
+])
+def test_import_with_a_build_that_does_not_load(tmp_path, stale_build, says):
+    info = _import_unbuilt_copy(tmp_path, source_tree=True, stale_build=stale_build)["info"]
+    assert not info["built"] and says in info["import_error"]
 
 
 def _setup_module():
@@ -137,8 +150,9 @@ def test_main_summary_reads_like_a_sentence():
     text = cli._summary(info)
     assert "built for sm_90a, compute_80 (with PTX), CUDA 13.0" in text
     assert "NVIDIA H200, compute capability 9.0: this build runs on it" in text
-    unbuilt = dict(info, built=False, import_error="flashext._C is not built", device=None)
-    assert "not loaded. flashext._C is not built" in cli._summary(unbuilt)
+    unbuilt = dict(info, built=False, import_error="The CUDA extension flashext._C is missing", device=None)
+    assert "(torch " in cli._summary(unbuilt)
+    assert "): The CUDA extension flashext._C is missing" in cli._summary(unbuilt)
     assert "no CUDA device is visible" in cli._summary(unbuilt)
 
 
