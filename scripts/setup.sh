@@ -19,8 +19,11 @@ has numpy || need+=(numpy)
 has pytest || need+=(pytest)
 command -v ninja >/dev/null || need+=(ninja)
 command -v cmake >/dev/null || need+=(cmake)
-has setuptools.command.editable_wheel || need+=("setuptools>=70.1")
-has setuptools.command.bdist_wheel || has wheel.bdist_wheel || need+=(wheel)
+if has setuptools.command.editable_wheel; then  # setuptools >= 64; below 70.1 bdist_wheel is wheel's
+  has setuptools.command.bdist_wheel || has wheel.bdist_wheel || need+=(wheel)
+else
+  need+=("setuptools>=70.1")
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup.sh: installing ${need[*]}"
   "$PY" -m pip install -q "${need[@]}"
