@@ -19,11 +19,16 @@ inline const char* dtype_name(DType dtype) {
   return "unknown";
 }
 
-// The CUDA architectures this build holds, as "90a;80" (set by setup.py / CMake).
+// The CUDA targets this build holds, as nvcc names them, e.g. "sm_90a;sm_80;compute_80": sm_XY is
+// machine code (SASS), compute_XY is PTX that the driver JIT-compiles at load (set by setup.py /
+// CMake from FLASHEXT_CUDA_ARCHS).
 const char* compiled_cuda_archs();
 
-// Whether a device of compute capability major.minor can run this build's kernels.
-// sm_XY machine code runs on major X, minor >= Y; an "a" target runs on exactly X.Y.
+// Whether a device of compute capability major.minor can run a build of `arch_list`: entries
+// separated by ';', ',' or spaces, each "sm_XY" / "XY" / "X.Y" (SASS: runs on major X with minor
+// >= Y), "compute_XY" (PTX: runs on any device >= X.Y) or "XY+PTX" (both). An arch-specific
+// target ("90a", "compute_90a"; likewise "f") runs only on exactly X.Y. Unparseable entries match
+// nothing.
 bool arch_supported(const char* arch_list, int major, int minor);
 
 // The kernels compiled into this build, one name per line.
