@@ -53,9 +53,10 @@ run_step() {  # run_step NAME COMMAND...: log it, time it, record pass/fail
 
 build() { $PY setup.py build_ext --inplace; }
 setup() { PYTHON=$PY bash scripts/setup.sh; }
-cpp_build() {
-  cmake -S tests/cpp -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" >/dev/null && cmake --build build/cpp -j "$MAX_JOBS"
+cpp_build() {  # cpp_build [DIR [ARCHS]]: the C++ tests, for the archs given (default: the build's)
+  local dir=${1:-build/cpp} archs=${2:-${FLASHEXT_CUDA_ARCHS:-90a}}
+  cmake -S tests/cpp -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" \
+    -DFLASHEXT_CUDA_ARCHS="$archs" >/dev/null && cmake --build "$dir" -j "$MAX_JOBS"
 }
 ctest_run() { cpp_build && ctest --test-dir build/cpp --output-on-failure --timeout 120; }
 sanitize() {
@@ -113,10 +114,14 @@ install() {  # a new user's non-editable install, run from outside the tree
 }
 
 ptx() {  # the portable path: compute_80 PTX only, JIT-compiled on this GPU, under the GPU tests
-  FLASHEXT_CUDA_ARCHS=${FLASHEXT_PTX_ARCHS:-compute_80} build >/dev/null || return 1
-  $PY -c "import flashext; i = flashext.build_info(); print(i['cuda_archs'], i['device_supported'])" || return 1
+  local archs=${FLASHEXT_PTX_ARCHS:-compute_80}
+  FLASHEXT_CUDA_ARCHS=$archs build >/dev/null || return 1
+  command -v cuobjdump >/dev/null && cuobjdump --list-ptx --list-elf flashext/_C*.so | sort | uniq -c | head
+  $PY -c "import flashext; i = flashext.build_info(); print(i['cuda_archs'], i['ptx'], i['device_supported']); \
+assert i['device_supported'] and i['ptx'], i" || return 1
   $PY -m pytest -q -p no:cacheprovider -m "not large" ${FLASHEXT_PYTEST_PATHS:-tests} ${FLASHEXT_PYTEST_ARGS:-}
   local rc=$?
+  cpp_build build/cpp_ptx "$archs" && ctest --test-dir build/cpp_ptx --output-on-failure --timeout 300 || rc=1
   build >/dev/null
   return $rc
 }
