@@ -11,7 +11,7 @@ Environment:
                                                any GPU >= 8.0 (how the sm_80 kernels are tested on an H200)
     MAX_JOBS             parallel compile jobs (ninja).
     CUDA_HOME            the CUDA toolkit (set it to /usr/local/cuda when nvcc on PATH is a wrapper).
-    FLASHEXT_NVCC_FLAGS  extra nvcc flags, e.g. the tuning knobs of csrc/kernels/attention (experiments).
+    FLASHEXT_NVCC_FLAGS  extra nvcc flags.
 """
 
 import os

@@ -148,7 +148,7 @@ def run_metadata() -> dict:
         "python": platform.python_version(),
         "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        # build variant of an A/B run (scripts/gpu.sh ab): "name: nvcc flags"
+        # build variant of an A/B run (e.g. a branch under test): "name: what differs"
         **({"variant": os.environ["FLASHEXT_BENCH_VARIANT"]} if os.environ.get("FLASHEXT_BENCH_VARIANT") else {}),
     }
 

@@ -125,6 +125,22 @@ def test_varlen(dtype):
 
 
 @requires_cuda
+def test_varlen_rows_no_sequence_covers_are_zero():
+    # Rows past cu_seqlens_q[-1] (and every row of an empty batch) are not computed: 0, lse −inf.
+    q = torch.randn(40, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(30, 2, 64, device="cuda", dtype=torch.bfloat16)
+    cu_q, cu_k = cu_seqlens([25]), cu_seqlens([30])
+    poison_cache(q)
+    out, lse = flashext.flash_attention_varlen(q, k, k, cu_q, cu_k, 25, 30, return_lse=True)
+    assert torch.equal(out[25:], torch.zeros_like(out[25:])) and torch.isneginf(lse[:, 25:]).all()
+    assert_close("covered rows", out[:25], ref.attention_varlen(q[:25], k, k, cu_q, cu_k),
+                 ref.attention_varlen(q[:25], k, k, cu_q, cu_k, compute_dtype=torch.bfloat16))
+    poison_cache(q)
+    out, lse = flashext.flash_attention_varlen(q, k, k, cu_seqlens([]), cu_seqlens([]), 0, 0, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
+@requires_cuda
 def test_varlen_offsets_are_validated():
     q = torch.randn(10, 2, 64, device="cuda", dtype=torch.float16)
     good = torch.tensor([0, 4, 10], dtype=torch.int32, device="cuda")
@@ -402,7 +418,9 @@ def test_bad_input(device):
     for kwargs, message in (({"window_size": (-2, 0)}, "window_size entries must be >= -1"),
                             ({"softcap": -1.0}, "softcap must be >= 0"),
                             ({"softcap": float("nan")}, "softcap must be >= 0"),
-                            ({"softmax_scale": float("inf")}, "softmax_scale must be finite")):
+                            ({"softmax_scale": float("inf")}, "softmax_scale must be finite and > 0"),
+                            ({"softmax_scale": 0.0}, "softmax_scale must be finite and > 0"),
+                            ({"softmax_scale": -0.125}, "softmax_scale must be finite and > 0")):
         with pytest.raises(RuntimeError, match=fn + message):
             flashext.flash_attention(q, k, v, **kwargs)
     cu = torch.empty(2, dtype=torch.int32, device="meta") if device == "meta" else cu_seqlens([16])
@@ -415,5 +433,16 @@ def test_bad_input(device):
                                         validate=False)
     with pytest.raises(RuntimeError, match=fnv + r"argument 'cu_seqlens_k' must be on the device of 'q'"):
         flashext.flash_attention_varlen(q[0], k[0], v[0], cu, torch.zeros(2, dtype=torch.int32), 16, 16, validate=False)
-    with pytest.raises(RuntimeError, match=fnv + r"max_seqlen_q and max_seqlen_k must be in \[0, 2\^31\)"):
+    with pytest.raises(RuntimeError, match=fnv + r"max_seqlen_q and max_seqlen_k must be in \[0, 2\^29\]"):
         flashext.flash_attention_varlen(q[0], k[0], v[0], cu, cu, -1, 16, validate=False)
+    with pytest.raises(RuntimeError, match=fnv + r"max_seqlen_q and max_seqlen_k must be in \[0, 2\^29\]"):
+        flashext.flash_attention_varlen(q[0], k[0], v[0], cu, cu, 16, 2**29 + 1, validate=False)
+
+
+def test_lengths_past_the_kernels_int_bounds_are_refused():
+    # The kernel's row and key-block bounds are 32-bit; lengths up to 2^29 keep every sum below 2^31.
+    q = torch.empty(1, 16, 1, 8, device="meta", dtype=torch.float16)
+    k = torch.empty(1, 2**29 + 1, 1, 8, device="meta", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"flashext.flash_attention: sequence lengths must be at most 2\^29"):
+        flashext.flash_attention(q, k, k)
+    flashext.flash_attention(q, k[:, : 2**29], k[:, : 2**29])  # the limit itself is fine

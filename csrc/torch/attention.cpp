@@ -3,6 +3,8 @@
 // launches on the current stream. Schemas: registration.cpp; the public functions and the
 // autograd registration: flashext/attention.py.
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -38,6 +40,9 @@ at::Tensor aligned_rows(const at::Tensor& t) {
 
 // The grid is (query blocks, heads, batch): gridDim.y and gridDim.z stop at 65535.
 constexpr int64_t kMaxGridYZ = 65535;
+// The kernel's row and key-block bounds are int: with lengths up to 2^29 every sum it forms
+// (row + Sk − Sq + window + 1, windows of Sq + Sk or more being unbounded) stays below 2^31.
+constexpr int64_t kMaxSeqlen = int64_t(1) << 29;
 
 // q, k, v: same device and dtype (fp16/bf16), last dim contiguous, head dims equal, a multiple of
 // 8 up to 256, H % Hkv == 0. `rank` is 4 (dense) or 3 (varlen). Runs on meta tensors too.
@@ -66,9 +71,12 @@ void check_qkv(const char* fn, const at::Tensor& q, const at::Tensor& k, const a
   FX_CHECK(heads_kv > 0 && heads % heads_kv == 0, fn, ": the number of query heads (", heads,
            ") must be a multiple of the number of key/value heads (", heads_kv, ")");
   FX_CHECK(heads <= kMaxGridYZ, fn, ": at most ", kMaxGridYZ, " query heads, got ", heads);
-  for (int64_t d = 0; d + 2 < rank; ++d) {  // sequence lengths (and total tokens) index in 32 bits
-    FX_CHECK(q.sym_size(d) <= INT32_MAX && k.sym_size(d) <= INT32_MAX, fn,
-             ": sequence lengths must be below 2^31, got q ", q.sym_sizes(), " and k ", k.sym_sizes());
+  if (rank == 4) {
+    FX_CHECK(q.sym_size(1) <= kMaxSeqlen && k.sym_size(1) <= kMaxSeqlen, fn, ": sequence lengths must be at most 2^29 = ",
+             kMaxSeqlen, ", got q ", q.sym_sizes(), " and k ", k.sym_sizes());
+  } else {  // cu_seqlens are int32
+    FX_CHECK(q.sym_size(0) <= INT32_MAX && k.sym_size(0) <= INT32_MAX, fn,
+             ": packed tensors must have fewer than 2^31 rows, got q ", q.sym_sizes(), " and k ", k.sym_sizes());
   }
   FX_CHECK(q.sym_stride(-1) == 1, fn, ": argument 'q' must have a contiguous last dimension, got stride ",
            q.sym_stride(-1));
@@ -80,7 +88,9 @@ void check_qkv(const char* fn, const at::Tensor& q, const at::Tensor& k, const a
 
 void check_options(const char* fn, std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
                    double softcap) {
-  FX_CHECK(!softmax_scale.has_value() || std::isfinite(*softmax_scale), fn, ": softmax_scale must be finite");
+  // The row max of the scores is the max of the scaled scores only for a positive scale.
+  FX_CHECK(!softmax_scale.has_value() || (std::isfinite(*softmax_scale) && *softmax_scale > 0.0), fn,
+           ": softmax_scale must be finite and > 0, got ", softmax_scale.has_value() ? std::to_string(*softmax_scale) : "");
   FX_CHECK(window_left >= -1 && window_right >= -1, fn, ": window_size entries must be >= -1 (-1: unbounded), got (",
            window_left, ", ", window_right, ")");
   FX_CHECK(softcap >= 0.0 && std::isfinite(softcap), fn, ": softcap must be >= 0 (0: off)");
@@ -161,11 +171,13 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
            cu_seqlens_q.sym_size(0), " and ", cu_seqlens_k.sym_size(0));
   FX_CHECK(cu_seqlens_q.sym_size(0) <= kMaxGridYZ + 1, kFlashVarlen, ": at most ", kMaxGridYZ,
            " sequences, got ", cu_seqlens_q.sym_size(0) - 1);
-  FX_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= INT32_MAX && max_seqlen_k <= INT32_MAX,
-           kFlashVarlen, ": max_seqlen_q and max_seqlen_k must be in [0, 2^31), got ", max_seqlen_q, " and ",
+  FX_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= kMaxSeqlen && max_seqlen_k <= kMaxSeqlen,
+           kFlashVarlen, ": max_seqlen_q and max_seqlen_k must be in [0, 2^29], got ", max_seqlen_q, " and ",
            max_seqlen_k);
-  at::Tensor out = at::empty_symint(q_in.sym_sizes(), q_in.options());
-  at::Tensor lse = at::empty_symint({q_in.sym_size(1), q_in.sym_size(0)}, q_in.options().dtype(at::kFloat));
+  // Rows no sequence covers (past cu_seqlens_q[-1], or past max_seqlen_q unvalidated) are never
+  // computed: they read 0 with lse −inf rather than whatever memory held (one memset each).
+  at::Tensor out = at::zeros_symint(q_in.sym_sizes(), q_in.options());
+  at::Tensor lse = at::full_symint({q_in.sym_size(1), q_in.sym_size(0)}, -INFINITY, q_in.options().dtype(at::kFloat));
   if (is_meta(q_in) || out.numel() == 0 || cu_seqlens_q.size(0) == 1) return {out, lse};
   const int64_t batch = cu_seqlens_q.size(0) - 1, total_q = q_in.size(0);
   const c10::cuda::CUDAGuard guard(q_in.device());

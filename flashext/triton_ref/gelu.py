@@ -24,8 +24,8 @@ kSqrt2OverPi = tl.constexpr(0.79788456080286536)  # √(2/π)
 kGeluTanhCubic = tl.constexpr(0.044715)
 
 # Φ from one exponential and one reciprocal for 16-bit results (gelu_erf_16 and gelu_erf_16_grad
-# in csrc/kernels/common/gelu_math.h, FLASHEXT_GELU_FAST_PHI there): on, as on the CUDA side (False:
-# erf, as fp32 results use). Mills-ratio fits M(x) ≈ t·P(t), t = 1/(1 + p·x), coefficients include
+# in csrc/kernels/common/gelu_math.h): on, as on the CUDA side for 16-bit results (False: erf, as
+# fp32 results use). Mills-ratio fits M(x) ≈ t·P(t), t = 1/(1 + p·x), coefficients include
 # 1/√(2π): the forward's of degree 5 for fp16 results and 4 for bf16, the backward's of degree 7.
 # The kernels' FAST_PHI: 0 erf, 1 fp16 results, 2 bf16 results.
 FAST_PHI_16BIT = True

@@ -390,15 +390,15 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
           for (int j = 0; j < kNTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          const float new_max = fmaxf(row_max[i][r], tile_max * score_scale);
-          const float alpha = rescale_factor(row_max[i][r], new_max);  // 2^(m_old − m_new), 0 if empty
+          const float new_max = fmaxf(row_max[i][r], tile_max);
+          const float alpha = rescale_factor(row_max[i][r], new_max, score_scale);  // 2^((m_old − m_new)·c), 0 if empty
           const float base = safe_row_max(new_max);
           float tile_sum = 0.0f;
 #pragma unroll
           for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
             for (int e = 2 * r; e < 2 * r + 2; ++e) {
-              s[i][j][e] = ptx::exp2_approx(fmaf(s[i][j][e], score_scale, -base));  // −inf → 0
+              s[i][j][e] = ptx::exp2_approx((s[i][j][e] - base) * score_scale);  // −inf → 0
               tile_sum += s[i][j][e];
             }
           }
@@ -479,7 +479,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         }
         const int row = m_start + tile_row;
         if (p.lse != nullptr && quad == 0 && row < seqlen_q) {
-          p.lse[lse_offset + int64_t(head) * p.lse_head_stride + row] = row_lse({row_max[i][r], total});
+          p.lse[lse_offset + int64_t(head) * p.lse_head_stride + row] = row_lse({row_max[i][r] * score_scale, total});
         }
       }
     }

@@ -1,8 +1,9 @@
 // flashext: the online-softmax bookkeeping of FlashAttention, as __host__ __device__ functions so
 // the C++ tests check the math on the CPU (tests/cpp/test_attention.cpp).
 //
-// Scores are in log2 units (s · scale · log2 e), so every exponential is exp2. A row keeps
-//   row_max m (max score seen), row_sum l = Σ 2^(s − m) over the scores seen.
+// Every exponential is exp2. A row keeps row_max m (max score seen) and row_sum l = Σ 2^(s − m) with
+// the scores s in log2 units, or, in the variants that take scale_log2, m in the scores' own units
+// and l = Σ 2^((s − m) · scale_log2) (the attention kernel and online_softmax use those).
 // When a tile raises the max to m', everything accumulated under m is rescaled by 2^(m − m').
 // A row that has seen only masked scores (−inf) keeps m = −inf; using 0 in place of −inf as the
 // reference point avoids the NaN of (−inf) − (−inf) and leaves l = 0, which marks the row empty.

@@ -10,9 +10,8 @@
 // first kHeadPacks packs stay in registers, so rows up to 1024 · kHeadPacks packs (32768 fp32,
 // 65536 fp16/bf16 columns) are read once and written once. Packs past that (the row's tail) are
 // folded into the running state as they stream by and read again for the output (the re-read
-// mostly hits L2). Each thread keeps (row_max, row_sum) in log2 units over its own values; warps
-// merge with shuffles, then warp 0 merges the warp states from shared memory. The state is
-// (row_max in x's units, row_sum).
+// mostly hits L2). Each thread keeps (row_max in x's units, row_sum) over its own values; warps
+// merge with shuffles, then warp 0 merges the warp states from shared memory.
 // Scalar path (any other layout): 1024 threads per row, one element per access, two reads.
 // Napkin math: fp32 4096 columns is 32 KiB per row read + written; 128 threads × 8 packs of 16 B
 // put the whole row in flight at once.
