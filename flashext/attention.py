@@ -64,7 +64,7 @@ def _shapes_accepted(q: Tensor, k: Tensor, cu_q: Tensor, cu_k: Tensor, max_seqle
     """The layout faults csrc/torch/attention.cpp refuses, so that it names them, not the validation."""
     return (q.dim() == 3 and k.dim() == 3 and all(cu.dtype == torch.int32 and cu.dim() == 1 and cu.numel() >= 1 and
                                                    cu.device == q.device for cu in (cu_q, cu_k))
-            and cu_q.numel() == cu_k.numel() and 0 <= max_seqlen_q <= 2**29 and 0 <= max_seqlen_k <= 2**29)
+            and cu_q.numel() == cu_k.numel() <= 65536 and 0 <= max_seqlen_q <= 2**29 and 0 <= max_seqlen_k <= 2**29)
 
 
 def _validate_cu_seqlens(name: str, cu: Tensor, total: int, max_seqlen: int) -> None:

@@ -108,9 +108,13 @@ ncu_export() {  # ncu_export REPORT PREFIX: $OUT/REPORT.txt (details), PREFIX_st
 
 install() {  # a new user's non-editable install, run from outside the tree
   local venv=/tmp/flashext_install_venv
-  rm -rf "$venv" && $PY -m venv --system-site-packages "$venv" || return 1
+  # A fresh venv that sees this interpreter's packages (torch) through a .pth line: a venv's
+  # --system-site-packages reaches the base interpreter's, not those of a venv it was made from.
+  rm -rf "$venv" && $PY -m venv "$venv" || return 1
+  $PY -c "import site; print(site.getsitepackages()[0])" >"$("$venv/bin/python" -c "import site; print(site.getsitepackages()[0])")/parent.pth"
   "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps "$ROOT" || return 1
-  (cd /tmp && env -u PYTHONPATH "$venv/bin/python" -m flashext)
+  (cd /tmp && env -u PYTHONPATH "$venv/bin/python" -c "import flashext; print('imported from', flashext.__file__)" &&
+    env -u PYTHONPATH "$venv/bin/python" -m flashext)
 }
 
 ptx() {  # the portable path: compute_80 PTX only, JIT-compiled on this GPU, under the GPU tests

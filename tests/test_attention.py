@@ -248,8 +248,13 @@ def test_huge_logits_stay_finite_and_match(dtype, head_dim):
             base = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   is_causal=causal, enable_gqa=True).transpose(1, 2)
             assert_close(f"x100 causal={causal} {seqlen_q}x{seqlen_k}", out, want, base)
-        # lse ~ 1e4 here: its error is a few fp32 steps of the scaled row max
-        assert ((lse.double() - want_lse.double()).abs() <= 2**-20 * want_lse.double().abs() + 1e-3).all()
+        if seqlen_q == seqlen_k or not causal:
+            # lse ~ 1e4-1e5 here, and the fp32 accumulation of the raw scores dominates its error:
+            # held to 2× that of SDPA's FlashAttention-2 kernel (which returns the lse), same dtype.
+            _, base_lse = torch.ops.aten._scaled_dot_product_flash_attention(
+                q.transpose(1, 2), k.repeat_interleave(2, 2).transpose(1, 2), v.repeat_interleave(2, 2).transpose(1, 2),
+                0.0, causal)[:2]
+            assert_close(f"x100 lse causal={causal} {seqlen_q}x{seqlen_k}", lse, want_lse, base_lse)
 
 
 @requires_cuda
