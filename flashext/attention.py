@@ -50,9 +50,10 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     if validate is None:  # not while tracing (no values) or capturing a graph (no host sync)
         validate = not (torch.compiler.is_compiling() or q.is_meta or
                         (q.is_cuda and torch.cuda.is_current_stream_capturing()))
-    # The offsets' values are checked only on a call the op's own checks accept (those name every
-    # other fault first, with the words tracing gives).
-    if validate and _shapes_accepted(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    # The offsets' values are checked only on a call the op's own checks accept: those run first, on
+    # meta stand-ins, so that every other fault is named with the words tracing gives.
+    if validate and _op_accepts(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                softmax_scale, window_size, softcap):
         _validate_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
         _validate_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
     out, lse = _ops.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
@@ -60,11 +61,16 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     return (out, lse) if return_lse else out
 
 
-def _shapes_accepted(q: Tensor, k: Tensor, cu_q: Tensor, cu_k: Tensor, max_seqlen_q: int, max_seqlen_k: int) -> bool:
-    """The layout faults csrc/torch/attention.cpp refuses, so that it names them, not the validation."""
-    return (q.dim() == 3 and k.dim() == 3 and all(cu.dtype == torch.int32 and cu.dim() == 1 and cu.numel() >= 1 and
-                                                   cu.device == q.device for cu in (cu_q, cu_k))
-            and cu_q.numel() == cu_k.numel() <= 65536 and 0 <= max_seqlen_q <= 2**29 and 0 <= max_seqlen_k <= 2**29)
+def _op_accepts(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size, softcap) -> bool:
+    """Run the op's own checks (csrc/torch/attention.cpp) on meta stand-ins; they raise what they refuse.
+    False where a device differs (the op names that on the real call)."""
+    tensors = (q, k, v, cu_q, cu_k)
+    if any(t.device != q.device for t in tensors):
+        return False
+    meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
+    _ops.flash_attn_varlen_fwd(*meta, max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_size[0],
+                               window_size[1], softcap)
+    return True
 
 
 def _validate_cu_seqlens(name: str, cu: Tensor, total: int, max_seqlen: int) -> None:
