@@ -1,12 +1,14 @@
 // flashext FlashAttention-2 forward (sm_80+: mma.sync, ldmatrix, cp.async). Included by the
 // flash_fwd_hdim*.cu files, one per compiled head dim (fp16 and bf16 each).
 //
-// Computes, per (query block, head, batch), in log2 units (c = softmax_scale · log2 e):
-//   S = Q Kᵀ · c                    (soft-capped: S = softcap · tanh(Q Kᵀ · scale / softcap) · log2 e)
+// Computes, per (query block, head, batch), with c = softmax_scale · log2 e:
+//   S = Q Kᵀ                        (soft-capped: S = softcap · tanh(Q Kᵀ · scale / softcap), c = log2 e)
 //   S = −inf where a key is masked  (past the sequence, causal diagonal, window edges)
-//   per key block: m' = max(m, rowmax S),  P = 2^(S − m'),  l = l · 2^(m − m') + rowsum P,
-//                  acc_o = acc_o · 2^(m − m') + P V
-//   O = acc_o / l (0 for a row that sees no key),  lse = (m + log2 l) · ln 2
+//   per key block: m' = max(m, rowmax S),  P = 2^((S − m') · c),  l = l · 2^((m − m') · c) + rowsum P,
+//                  acc_o = acc_o · 2^((m − m') · c) + P V
+//   O = acc_o / l (0 for a row that sees no key),  lse = (m · c + log2 l) · ln 2
+// S − m' is exact near the max, so the max's own P is exactly 1 and the 16-bit P of P V agrees
+// with the fp32 row sum even for huge logits (docs/notes/attention.md).
 //
 // Grid: (ceil(Sq / kBlockM), H, B), the last query block first. At D = 256, when every query block
 // has the same work (no mask, no window, dense batch) and there are more tiles than fit at once,
@@ -16,9 +18,9 @@
 // tile (g = lane / 4), and a row's 4 owners are one lane quad.
 //
 //   D     kBlockM × kBlockN  row tiles/warp  K/V buffers  shared memory        registers/thread
-//   64    128 × 128          2               2            16 + 2·2·16 = 80 KiB  255 (+ 4 B spilled)
-//   128   128 × 64           2               2            32 + 2·2·16 = 96 KiB  255
-//   256    64 × 64           1               1            32 + 2·32   = 96 KiB  246
+//   64    128 × 128          2               2            16 + 2·2·16 = 80 KiB  255
+//   128   128 × 64           2               2            32 + 2·2·16 = 96 KiB  255 (+ 44 B spilled)
+//   256    64 × 64           1               1            32 + 2·32   = 96 KiB  249
 // Two blocks (8 warps) per SM at every head dim: 128 threads × 255 registers fit twice in 64K,
 // and two blocks' shared memory fit in the SM's 228 KiB.
 //
@@ -212,13 +214,13 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
 
     const bool softcap_on = p.softcap > 0.0f;
-    // Scores enter exp2 as fma(s, score_scale, −m): s is the raw Q Kᵀ (or the capped logit).
+    // Scores enter exp2 as (s − m) · score_scale: s is the raw Q Kᵀ (or the capped logit).
     const float score_scale = softcap_on ? kLog2e : p.softmax_scale * kLog2e;
     const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
 
     // Row tile i of this warp covers block rows 16 · (kMTiles · warp + i) + [0, 16); this thread
     // holds rows g and g + 8 of it (g = lane / 4), columns 2 · quad + {0, 1} of every n8 tile.
-    float row_max[kMTiles][2], row_sum[kMTiles][2];  // row_max in log2 units; row_sum: partial
+    float row_max[kMTiles][2], row_sum[kMTiles][2];  // row_max in raw score units; row_sum: partial
     float acc_o[kMTiles][kDTiles][4];
 #pragma unroll
     for (int i = 0; i < kMTiles; ++i) {
