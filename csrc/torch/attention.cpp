@@ -2,12 +2,14 @@
 // kernel and for tracing alike: see common.h), builds FlashFwdParams (flashext/attention.h) and
 // launches on the current stream. Schemas: registration.cpp; the public functions and the
 // autograd registration: flashext/attention.py.
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cmath>
 #include <optional>
 #include <tuple>
@@ -96,6 +98,29 @@ void check_options(const char* fn, std::optional<double> softmax_scale, int64_t 
   FX_CHECK(softcap >= 0.0 && std::isfinite(softcap), fn, ": softcap must be >= 0 (0: off)");
 }
 
+// validate=True: the offsets' values, from one host copy of both (a sync), with the words of
+// check_cu_seqlens's verdicts; returns whether the query sequences cover every row of q.
+bool validate_cu_seqlens(const at::Tensor& cu_q, const at::Tensor& cu_k, int64_t total_q, int64_t total_k,
+                         int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  const at::Tensor host = at::cat({cu_q, cu_k}).cpu();
+  const int32_t* values = host.data_ptr<int32_t>();
+  const int64_t n = cu_q.size(0);
+  for (const auto& [name, cu, total, max_seqlen] :
+       {std::tuple<const char*, const int32_t*, int64_t, int64_t>{"cu_seqlens_q", values, total_q, max_seqlen_q},
+        std::tuple<const char*, const int32_t*, int64_t, int64_t>{"cu_seqlens_k", values + n, total_k, max_seqlen_k}}) {
+    switch (flashext::check_cu_seqlens(cu, n, total, max_seqlen)) {
+      case flashext::CuSeqlensError::kOk: break;
+      case flashext::CuSeqlensError::kNotStartingAtZero: fail(kFlashVarlen, ": argument '", name, "' must start at 0");
+      case flashext::CuSeqlensError::kDecreasing: fail(kFlashVarlen, ": argument '", name, "' must be non-decreasing");
+      case flashext::CuSeqlensError::kPastTotal:
+        fail(kFlashVarlen, ": argument '", name, "' ends past the packed tensor (", total, " rows)");
+      case flashext::CuSeqlensError::kLongerThanMax:
+        fail(kFlashVarlen, ": a sequence in '", name, "' is longer than its max_seqlen (", max_seqlen, ")");
+    }
+  }
+  return values[n - 1] == total_q;
+}
+
 // The kernel's common fields.
 flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
                                      at::Tensor& lse, bool causal, std::optional<double> softmax_scale,
@@ -154,7 +179,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
                                                          const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                                          int64_t max_seqlen_k, bool causal,
                                                          std::optional<double> softmax_scale, int64_t window_left,
-                                                         int64_t window_right, double softcap) {
+                                                         int64_t window_right, double softcap, bool validate) {
   check_qkv(kFlashVarlen, q_in, k_in, v_in, 3);
   check_options(kFlashVarlen, softmax_scale, window_left, window_right, softcap);
   for (const auto& [cu, name] : {std::pair<const at::Tensor&, const char*>{cu_seqlens_q, "cu_seqlens_q"},
@@ -174,10 +199,16 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   FX_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= kMaxSeqlen && max_seqlen_k <= kMaxSeqlen,
            kFlashVarlen, ": max_seqlen_q and max_seqlen_k must be in [0, 2^29], got ", max_seqlen_q, " and ",
            max_seqlen_k);
-  // Rows no sequence covers (past cu_seqlens_q[-1], or past max_seqlen_q unvalidated) are never
-  // computed: they read 0 with lse −inf rather than whatever memory held (one memset each).
-  at::Tensor out = at::zeros_symint(q_in.sym_sizes(), q_in.options());
-  at::Tensor lse = at::full_symint({q_in.sym_size(1), q_in.sym_size(0)}, -INFINITY, q_in.options().dtype(at::kFloat));
+  // Rows no sequence covers (past cu_seqlens_q[-1], or past max_seqlen_q) are never computed: unless
+  // validated offsets cover every row, they are filled first with 0 and lse −inf, rather than
+  // reading whatever memory held.
+  const bool covered = !is_meta(q_in) && validate && validate_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q_in.size(0),
+                                                                         k_in.size(0), max_seqlen_q, max_seqlen_k);
+  const std::array<c10::SymInt, 2> lse_shape{q_in.sym_size(1), q_in.sym_size(0)};
+  at::Tensor out = covered ? at::empty_symint(q_in.sym_sizes(), q_in.options())
+                           : at::zeros_symint(q_in.sym_sizes(), q_in.options());
+  at::Tensor lse = covered ? at::empty_symint(lse_shape, q_in.options().dtype(at::kFloat))
+                           : at::full_symint(lse_shape, -INFINITY, q_in.options().dtype(at::kFloat));
   if (is_meta(q_in) || out.numel() == 0 || cu_seqlens_q.size(0) == 1) return {out, lse};
   const int64_t batch = cu_seqlens_q.size(0) - 1, total_q = q_in.size(0);
   const c10::cuda::CUDAGuard guard(q_in.device());

@@ -22,7 +22,7 @@ TORCH_LIBRARY(flashext, m) {
   m.def(
       "flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
       "int max_seqlen_q, int max_seqlen_k, bool causal=False, float? softmax_scale=None, int window_left=-1, "
-      "int window_right=-1, float softcap=0.0) -> (Tensor, Tensor)");
+      "int window_right=-1, float softcap=0.0, bool validate=False) -> (Tensor, Tensor)");
   // softmax over the last dim with a running max and sum (the building block of the above)
   m.def("online_softmax(Tensor x) -> Tensor");
 }

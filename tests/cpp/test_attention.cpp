@@ -88,6 +88,21 @@ TEST(OnlineSoftmax, ScaledStatesMergeLikeTheWholeRow) {
   EXPECT_NEAR(merged.row_sum, want, 1e-6 * want);
 }
 
+TEST(FlashFwd, CuSeqlensCheckNamesEachFault) {
+  using flashext::CuSeqlensError;
+  const auto check = [](std::vector<int32_t> cu, int64_t total, int64_t max_seqlen) {
+    return flashext::check_cu_seqlens(cu.data(), int64_t(cu.size()), total, max_seqlen);
+  };
+  EXPECT_EQ(check({0, 4, 4, 10}, 10, 6), CuSeqlensError::kOk);  // a length-0 sequence is fine
+  EXPECT_EQ(check({0}, 0, 0), CuSeqlensError::kOk);  // no sequences
+  EXPECT_EQ(check({0, 4}, 10, 4), CuSeqlensError::kOk);  // rows past the last sequence: allowed
+  EXPECT_EQ(check({1, 4, 10}, 10, 6), CuSeqlensError::kNotStartingAtZero);
+  EXPECT_EQ(check({}, 0, 0), CuSeqlensError::kNotStartingAtZero);
+  EXPECT_EQ(check({0, 6, 4}, 10, 6), CuSeqlensError::kDecreasing);
+  EXPECT_EQ(check({0, 4, 11}, 10, 7), CuSeqlensError::kPastTotal);
+  EXPECT_EQ(check({0, 4, 10}, 10, 5), CuSeqlensError::kLongerThanMax);
+}
+
 TEST(FlashFwd, HeadDimMapping) {
   EXPECT_EQ(flashext::flash_fwd_kernel_head_dim(64), 64);
   EXPECT_EQ(flashext::flash_fwd_kernel_head_dim(8), 64);

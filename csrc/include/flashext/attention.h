@@ -54,4 +54,10 @@ int flash_fwd_kernel_head_dim(int head_dim);
 
 cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
 
+// What is wrong with a host copy of varlen offsets cu[0 .. n) for a packed tensor of `total` rows
+// and sequences of at most max_seqlen rows (the kernel clamps bad offsets, so this is about
+// correct results, not memory safety). kOk also tells whether the sequences cover every row.
+enum class CuSeqlensError : int32_t { kOk, kNotStartingAtZero, kDecreasing, kPastTotal, kLongerThanMax };
+CuSeqlensError check_cu_seqlens(const int32_t* cu, int64_t n, int64_t total, int64_t max_seqlen);
+
 }  // namespace flashext
