@@ -49,9 +49,8 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     cu_seqlens_q[-1], or past max_seqlen_q) read 0 with lse −inf; only validated offsets that cover
     every row spare the output that fill.
     """
-    if validate is None:  # not while tracing (no values) or capturing a graph (no host sync)
-        validate = not (torch.compiler.is_compiling() or q.is_meta or
-                        (q.is_cuda and torch.cuda.is_current_stream_capturing()))
+    if validate is None:  # not while tracing or capturing a graph (no host sync); meta: the op skips it
+        validate = not (torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing()))
     out, lse = _ops.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                           softmax_scale, window_size[0], window_size[1], softcap, validate)
     return (out, lse) if return_lse else out

@@ -139,7 +139,6 @@ def attention_call(rng, device):
         return x[None].expand(2, -1) if cu_shape_2d else x
 
     args = (q, k, v, offsets(cu["cu_seqlens_q"]), offsets(cu["cu_seqlens_k"]), *max_seqlen)
-    kwargs["validate"] = device != "meta"
     return flashext.flash_attention_varlen, args, kwargs, mutations
 
 
