@@ -4,11 +4,12 @@
 // Computes, per (query block, head, batch), with c = softmax_scale · log2 e:
 //   S = Q Kᵀ                        (soft-capped: S = softcap · tanh(Q Kᵀ · scale / softcap), c = log2 e)
 //   S = −inf where a key is masked  (past the sequence, causal diagonal, window edges)
-//   per key block: m' = max(m, rowmax S),  P = 2^((S − m') · c),  l = l · 2^((m − m') · c) + rowsum P,
-//                  acc_o = acc_o · 2^((m − m') · c) + P V
+//   per key block: m' = max(m, rowmax S),  P = 2^((S − m') · c) rounded to T,
+//                  l = l · 2^((m − m') · c) + rowsum P,  acc_o = acc_o · 2^((m − m') · c) + P V
 //   O = acc_o / l (0 for a row that sees no key),  lse = (m · c + log2 l) · ln 2
-// S − m' is exact near the max, so the max's own P is exactly 1 and the 16-bit P of P V agrees
-// with the fp32 row sum even for huge logits (docs/notes/attention.md).
+// S − m' is exact near the max, so the max's own P is exactly 1 even for huge logits, and l sums
+// the same 16-bit P that P V multiplies (an mma against ones), so O's weights add up to 1 exactly
+// as far as fp32 goes (docs/notes/attention.md).
 //
 // Grid: (ceil(Sq / kBlockM), H, B), the last query block first. At D = 256, when every query block
 // has the same work (no mask, no window, dense batch) and there are more tiles than fit at once,
@@ -18,9 +19,9 @@
 // tile (g = lane / 4), and a row's 4 owners are one lane quad.
 //
 //   D     kBlockM × kBlockN  row tiles/warp  K/V buffers  shared memory        registers/thread
-//   64    128 × 128          2               2            16 + 2·2·16 = 80 KiB  255
-//   128   128 × 64           2               2            32 + 2·2·16 = 96 KiB  255 (+ 44 B spilled)
-//   256    64 × 64           1               1            32 + 2·32   = 96 KiB  249
+//   64    128 × 128          2               2            16 + 2·2·16 = 80 KiB  255 (+ 8 B spilled)
+//   128   128 × 64           2               2            32 + 2·2·16 = 96 KiB  255 (+ 8 B spilled)
+//   256    64 × 64           1               1            32 + 2·32   = 96 KiB  246
 // Two blocks (8 warps) per SM at every head dim: 128 threads × 255 registers fit twice in 64K,
 // and two blocks' shared memory fit in the SM's 228 KiB.
 //
@@ -220,12 +221,14 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
 
     // Row tile i of this warp covers block rows 16 · (kMTiles · warp + i) + [0, 16); this thread
     // holds rows g and g + 8 of it (g = lane / 4), columns 2 · quad + {0, 1} of every n8 tile.
-    float row_max[kMTiles][2], row_sum[kMTiles][2];  // row_max in raw score units; row_sum: partial
+    // row_max in raw score units. row_sum is an mma accumulator, the 16-bit P times ones (so its
+    // columns 0/1 hold row g's sum over all keys and 2/3 row g + 8's, already summed over the quad).
+    float row_max[kMTiles][2], row_sum[kMTiles][4];
     float acc_o[kMTiles][kDTiles][4];
 #pragma unroll
     for (int i = 0; i < kMTiles; ++i) {
       row_max[i][0] = row_max[i][1] = -INFINITY;
-      row_sum[i][0] = row_sum[i][1] = 0.0f;
+      row_sum[i][0] = row_sum[i][1] = row_sum[i][2] = row_sum[i][3] = 0.0f;
 #pragma unroll
       for (int t = 0; t < kDTiles; ++t) acc_o[i][t][0] = acc_o[i][t][1] = acc_o[i][t][2] = acc_o[i][t][3] = 0.0f;
     }
@@ -378,8 +381,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         }
       }
 
-      // Online softmax per row: new max (the row's 4 owners are one lane quad), P = 2^(s·c − m),
-      // rescale what was accumulated under the old max.
+      // Online softmax per row: new max (the row's 4 owners are one lane quad), P = 2^((s − m)·c),
+      // rescale what was accumulated under the old max. P is packed to 16 bits at once (half the
+      // registers of the fp32 S): p16[i][j][r] holds row g + 8 · r, columns 2 · quad + {0, 1}.
+      uint32_t p16[kMTiles][kNTiles][2];
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
         float row_alpha[2];
@@ -395,22 +400,21 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
           const float new_max = fmaxf(row_max[i][r], tile_max);
           const float alpha = rescale_factor(row_max[i][r], new_max, score_scale);  // 2^((m_old − m_new)·c), 0 if empty
           const float base = safe_row_max(new_max);
-          float tile_sum = 0.0f;
 #pragma unroll
           for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-            for (int e = 2 * r; e < 2 * r + 2; ++e) {
-              s[i][j][e] = ptx::exp2_approx((s[i][j][e] - base) * score_scale);  // −inf → 0
-              tile_sum += s[i][j][e];
-            }
+            p16[i][j][r] = ptx::pack2<T>(ptx::exp2_approx((s[i][j][2 * r] - base) * score_scale),  // −inf → 0
+                                         ptx::exp2_approx((s[i][j][2 * r + 1] - base) * score_scale));
           }
-          row_sum[i][r] = row_sum[i][r] * alpha + tile_sum;
           row_max[i][r] = new_max;
           row_alpha[r] = alpha;
         }
         // acc_o · 2^(m − m'). Once the row maxima settle most key blocks leave them unchanged, so
         // unless kRescaleAlways the warp skips it when none of its rows moved (a uniform branch).
         if (Config::kRescaleAlways || __any_sync(0xffffffffu, row_alpha[0] != 1.0f || row_alpha[1] != 1.0f)) {
+          row_sum[i][0] *= row_alpha[0];
+          row_sum[i][1] *= row_alpha[0];
+          row_sum[i][2] *= row_alpha[1];
+          row_sum[i][3] *= row_alpha[1];
 #pragma unroll
           for (int t = 0; t < kDTiles; ++t) {
             acc_o[i][t][0] *= row_alpha[0];
@@ -418,6 +422,13 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
             acc_o[i][t][2] *= row_alpha[1];
             acc_o[i][t][3] *= row_alpha[1];
           }
+        }
+        // l += rowsum P on the tensor cores: one mma per 16 keys instead of an FADD per score, and
+        // the sum of exactly the values P V multiplies.
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          const uint32_t p_frag[4] = {p16[i][2 * kk][0], p16[i][2 * kk][1], p16[i][2 * kk + 1][0], p16[i][2 * kk + 1][1]};
+          ptx::mma_16816<T>(row_sum[i], p_frag, ptx::ones2<T>(), ptx::ones2<T>());
         }
       }
 
@@ -436,10 +447,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         uint32_t p_frag[kMTiles][4];
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i) {
-          p_frag[i][0] = ptx::pack2<T>(s[i][2 * kk][0], s[i][2 * kk][1]);
-          p_frag[i][1] = ptx::pack2<T>(s[i][2 * kk][2], s[i][2 * kk][3]);
-          p_frag[i][2] = ptx::pack2<T>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
-          p_frag[i][3] = ptx::pack2<T>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+          p_frag[i][0] = p16[i][2 * kk][0];
+          p_frag[i][1] = p16[i][2 * kk][1];
+          p_frag[i][2] = p16[i][2 * kk + 1][0];
+          p_frag[i][3] = p16[i][2 * kk + 1][1];
         }
 #pragma unroll
         for (int tp = 0; tp < kDTiles / 2; ++tp) {
@@ -469,9 +480,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float total = row_sum[i][r];
-        total += __shfl_xor_sync(0xffffffffu, total, 1);
-        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        const float total = row_sum[i][2 * r];
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         const int tile_row = warp_row0 + 16 * i + group + 8 * r;
 #pragma unroll

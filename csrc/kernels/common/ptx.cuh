@@ -102,6 +102,14 @@ FX_DEVICE uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Two 16-bit ones in one register (an mma operand that sums the other's rows).
+template <typename T>
+FX_DEVICE constexpr uint32_t ones2();
+template <>
+FX_DEVICE constexpr uint32_t ones2<__half>() { return 0x3C003C00u; }
+template <>
+FX_DEVICE constexpr uint32_t ones2<__nv_bfloat16>() { return 0x3F803F80u; }
+
 // PTX ISA §9.7.3.22 ex2.approx.ftz.f32: 2^x in one MUFU op (−inf → +0).
 FX_DEVICE float exp2_approx(float x) {
   float y;
