@@ -4,12 +4,13 @@
 // Computes, per (query block, head, batch), with c = softmax_scale · log2 e:
 //   S = Q Kᵀ                        (soft-capped: S = softcap · tanh(Q Kᵀ · scale / softcap), c = log2 e)
 //   S = −inf where a key is masked  (past the sequence, causal diagonal, window edges)
-//   per key block: m' = max(m, rowmax S),  P = 2^((S − m') · c) rounded to T,
+//   per key block: m' = max(m, rowmax S),  P = 2^(S · c − m' · c) rounded to T (one FFMA),
 //                  l = l · 2^((m − m') · c) + rowsum P,  acc_o = acc_o · 2^((m − m') · c) + P V
 //   O = acc_o / l (0 for a row that sees no key),  lse = (m · c + log2 l) · ln 2
-// S − m' is exact near the max, so the max's own P is exactly 1 even for huge logits, and l sums
-// the same 16-bit P that P V multiplies (an mma against ones), so O's weights add up to 1 exactly
-// as far as fp32 goes (docs/notes/attention.md).
+// l sums the same 16-bit P that P V multiplies (an mma against ones), so O's weights add up to 1
+// as far as fp32 goes, whatever the rounding of P: with huge logits, where the folded exponent
+// leaves the max's own P at 2^r (r: the fp32 residual of m · c), a one-hot row still returns its
+// v exactly (docs/notes/attention.md).
 //
 // Grid: (ceil(Sq / kBlockM), H, B), the last query block first. At D = 256, when every query block
 // has the same work (no mask, no window, dense batch) and there are more tiles than fit at once,
@@ -215,7 +216,8 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
 
     const bool softcap_on = p.softcap > 0.0f;
-    // Scores enter exp2 as (s − m) · score_scale: s is the raw Q Kᵀ (or the capped logit).
+    // Scores enter exp2 as s · score_scale − m · score_scale (one FFMA); s is the raw Q Kᵀ (or the
+    // capped logit) and m the row max in the same units.
     const float score_scale = softcap_on ? kLog2e : p.softmax_scale * kLog2e;
     const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
 
@@ -381,7 +383,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         }
       }
 
-      // Online softmax per row: new max (the row's 4 owners are one lane quad), P = 2^((s − m)·c),
+      // Online softmax per row: new max (the row's 4 owners are one lane quad), P = 2^(s·c − m·c),
       // rescale what was accumulated under the old max. P is packed to 16 bits at once (half the
       // registers of the fp32 S): p16[i][j][r] holds row g + 8 · r, columns 2 · quad + {0, 1}.
       uint32_t p16[kMTiles][kNTiles][2];
@@ -399,11 +401,11 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
           const float new_max = fmaxf(row_max[i][r], tile_max);
           const float alpha = rescale_factor(row_max[i][r], new_max, score_scale);  // 2^((m_old − m_new)·c), 0 if empty
-          const float base = safe_row_max(new_max);
+          const float base = safe_row_max(new_max) * score_scale;
 #pragma unroll
           for (int j = 0; j < kNTiles; ++j) {
-            p16[i][j][r] = ptx::pack2<T>(ptx::exp2_approx((s[i][j][2 * r] - base) * score_scale),  // −inf → 0
-                                         ptx::exp2_approx((s[i][j][2 * r + 1] - base) * score_scale));
+            p16[i][j][r] = ptx::pack2<T>(ptx::exp2_approx(fmaf(s[i][j][2 * r], score_scale, -base)),  // −inf → 0
+                                         ptx::exp2_approx(fmaf(s[i][j][2 * r + 1], score_scale, -base)));
           }
           row_max[i][r] = new_max;
           row_alpha[r] = alpha;
@@ -427,7 +429,8 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         // the sum of exactly the values P V multiplies.
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk) {
-          const uint32_t p_frag[4] = {p16[i][2 * kk][0], p16[i][2 * kk][1], p16[i][2 * kk + 1][0], p16[i][2 * kk + 1][1]};
+          const uint32_t p_frag[4] = {p16[i][2 * kk][0], p16[i][2 * kk][1],  //
+                                      p16[i][2 * kk + 1][0], p16[i][2 * kk + 1][1]};
           ptx::mma_16816<T>(row_sum[i], p_frag, ptx::ones2<T>(), ptx::ones2<T>());
         }
       }
