@@ -2,7 +2,7 @@
 # flashext on a GPU machine: install, check, test, sanitize, benchmark, in one call.
 #
 #   scripts/gpu.sh [STEP ...]   STEP: setup build main pytest ctest sanitize install ptx bench
-#                               bench_attention profile profile_gelu
+#                               bench_attention ab profile profile_gelu
 #                               (default: setup main pytest ctest sanitize install)
 #   setup     the README's install command (scripts/setup.sh: the editable no-build-isolation
 #             install a new user runs); build: the same extension built in place (setup.py)
@@ -10,6 +10,10 @@
 #             `python -m flashext` from outside the source tree
 #   ptx       rebuild with only compute_80 PTX (the portable sm_80 path, JIT-compiled by the
 #             driver), run the GPU test suite on it, then rebuild the default archs
+#   ab        an A/B of an attention variant behind a -D macro: A is this tree, B a copy built with
+#             FLASHEXT_AB_FLAGS="-DNAME=1" added; bench_attention runs A B A B (narrow it with
+#             FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to $OUT/{a1,b1,a2,b2}.json, for
+#             benchmarks/compare_ab.py
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
 #   FLASHEXT_PROFILE_SHAPES="bf16:256:0:512"  profile's shapes; FLASHEXT_PROFILE_SOURCE=1 adds
@@ -130,6 +134,23 @@ assert i['device_supported'] and i['ptx'], i" || return 1
   return $rc
 }
 
+ab() {
+  [ -n "${FLASHEXT_AB_FLAGS:-}" ] || { echo "ab: set FLASHEXT_AB_FLAGS (the nvcc flags of variant B)"; return 2; }
+  build >/dev/null || return 1
+  local b=/tmp/flashext_ab_b
+  rm -rf "$b" && cp -r "$ROOT" "$b" &&
+    (cd "$b" && FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} $FLASHEXT_AB_FLAGS" $PY setup.py build_ext --inplace >/dev/null) || return 1
+  local run
+  for run in a1 b1 a2 b2; do
+    local dir=$ROOT
+    [ "${run:0:1}" = b ] && dir=$b
+    (cd "$dir" && OUT=/tmp/flashext_ab_$run $PY benchmarks/bench_attention.py --only fwd | grep "vs ") || return 1
+    cp /tmp/flashext_ab_$run/attention.json "$OUT/$run.json"
+  done
+  $PY benchmarks/compare_ab.py "$OUT/a1.json" "$OUT/b1.json" | tail -2
+  $PY benchmarks/compare_ab.py "$OUT/a2.json" "$OUT/b2.json" | tail -2
+}
+
 for step in "${steps[@]}"; do
   case $step in
     setup) run_step setup setup || break ;;  # nothing else can run without the extension
@@ -140,6 +161,7 @@ for step in "${steps[@]}"; do
     sanitize) run_step compute-sanitizer sanitize ;;
     bench) run_step bench_gelu $PY benchmarks/bench_gelu.py ${BENCH_ARGS:-} ;;
     bench_attention) run_step bench_attention $PY benchmarks/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
+    ab) run_step "ab ($FLASHEXT_AB_FLAGS)" ab ;;
     profile) run_step profile profile ;;
     profile_gelu) run_step profile_gelu profile_gelu ;;
     install) run_step "install (non-editable, from /tmp)" install ;;
