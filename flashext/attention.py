@@ -1,13 +1,15 @@
 """FlashAttention: exact attention without an S × S matrix in HBM.
 
-The CUDA kernel is csrc/kernels/attention/ (schemas in csrc/torch/registration.cpp, glue in
+The CUDA kernels are csrc/kernels/attention/ (schemas in csrc/torch/registration.cpp, glue in
 csrc/torch/attention.cpp, which also registers the checks and output shapes for tracing); this
-module holds the public functions and the autograd registration (the backward is a later issue:
-asking for gradients raises).
+module holds the public functions and the autograd registration: the backward recomputes the
+probabilities from q, k and the saved lse (only q, k, v, out and lse are saved).
 Definition: flashext.reference.attention; Triton twin: flashext/triton_ref/attention.py.
 
-Status: the forward kernel (FlashAttention-2 design, mma.sync) is validated on the H200 against the
-reference; its speed against SDPA's backends is in docs/notes/attention.md and the README.
+Gradients: dk and dv are summed over the query heads that share a KV head inside the kernel, in a
+fixed order; dq is summed over key blocks with fp32 atomics by default, so its last bits can vary
+from run to run. deterministic=True (or torch.use_deterministic_algorithms(True)) orders those
+additions instead: bitwise-identical gradients, somewhat slower.
 """
 
 from __future__ import annotations
@@ -20,24 +22,32 @@ from ._build import extension_loaded, ops
 _ops = ops()  # torch.ops.flashext, or a stand-in that says the extension is not built
 
 
+def _deterministic(deterministic: bool) -> bool:
+    return deterministic or torch.are_deterministic_algorithms_enabled()
+
+
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
-                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, return_lse: bool = False):
+                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, return_lse: bool = False,
+                    deterministic: bool = False):
     """softmax(q·kᵀ·softmax_scale) · v for q (B, Sq, H, D), k and v (B, Sk, Hkv, D), H % Hkv == 0.
 
     fp16/bf16, any strides with a contiguous last dim, head dim a multiple of 8 up to 256.
     causal and window_size = (left, right) are aligned bottom-right when Sq != Sk (flash-attn);
     softcap > 0 applies softcap · tanh(s / softcap) to the scaled scores. Returns out (B, Sq, H, D)
     and, with return_lse, the log-sum-exp (B, H, Sq) in fp32 (natural log; −inf for a query that
-    sees no key, whose output is 0).
+    sees no key, whose output is 0). Differentiable in q, k and v (and through the lse too);
+    deterministic=True makes the gradients bitwise reproducible (see the module's docstring).
     """
-    out, lse = _ops.flash_attn_fwd(q, k, v, causal, softmax_scale, window_size[0], window_size[1], softcap, False)
+    out, lse = _ops.flash_attn_fwd(q, k, v, causal, softmax_scale, window_size[0], window_size[1], softcap, False,
+                                   _deterministic(deterministic))
     return (out, lse) if return_lse else out
 
 
 def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                            softmax_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
-                           softcap: float = 0.0, return_lse: bool = False, validate: bool | None = None):
+                           softcap: float = 0.0, return_lse: bool = False, validate: bool | None = None,
+                           deterministic: bool = False):
     """Packed ragged batch: q (total_q, H, D), k/v (total_k, Hkv, D); sequence b is rows
     cu_seqlens[b]:cu_seqlens[b + 1] (int32, B + 1 entries). Sequences of length 0 and 1 are fine.
     Returns out (total_q, H, D) and with return_lse the lse (H, total_q).
@@ -47,12 +57,13 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     its max_seqlen — after the op's other checks, from one host copy (a sync). Without it the kernel
     still never reads or writes out of bounds (it clamps the offsets). Rows no sequence covers (past
     cu_seqlens_q[-1], or past max_seqlen_q) read 0 with lse −inf; only validated offsets that cover
-    every row spare the output that fill.
+    every row spare the output that fill. Differentiable in q, k and v like flash_attention.
     """
     if validate is None:  # not while tracing or capturing a graph (no host sync); meta: the op skips it
         validate = not (torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing()))
     out, lse = _ops.flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                          softmax_scale, window_size[0], window_size[1], softcap, validate)
+                                          softmax_scale, window_size[0], window_size[1], softcap, validate,
+                                          _deterministic(deterministic))
     return (out, lse) if return_lse else out
 
 
@@ -74,19 +85,41 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         raise RuntimeError(f"{fn}: query has {query.shape[1]} heads and key {key.shape[1]}; pass enable_gqa=True "
                            "for grouped-query attention")
     out, _ = _ops.flash_attn_fwd(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal,
-                                 scale, -1, -1, 0.0, True)
+                                 scale, -1, -1, 0.0, True, _deterministic(False))
     return out.transpose(1, 2)
 
 
-def _no_backward(ctx, *grads):
-    raise NotImplementedError("flashext.flash_attention: the backward pass is not implemented yet; "
-                              "use it under torch.no_grad() / inference_mode, or F.scaled_dot_product_attention "
-                              "for training")
+def _setup_dense(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    ctx.options = inputs[3:]  # causal, softmax_scale, window_left, window_right, softcap, align_top_left, deterministic
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.set_materialize_grads(False)
+
+
+def _backward_dense(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dout = torch.zeros_like(out) if dout is None else dout
+    dq, dk, dv = _ops.flash_attn_bwd(dout, q, k, v, out, lse, dlse, *ctx.options)
+    return dq, dk, dv, *([None] * len(ctx.options))
+
+
+def _setup_varlen(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
+    max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right, softcap, _, deterministic = inputs[5:]
+    ctx.options = (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right, softcap, deterministic)
+    ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, *output)
+    ctx.set_materialize_grads(False)
+
+
+def _backward_varlen(ctx, dout, dlse):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse = ctx.saved_tensors
+    dout = torch.zeros_like(out) if dout is None else dout
+    dq, dk, dv = _ops.flash_attn_varlen_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, *ctx.options)
+    return dq, dk, dv, *([None] * 11)
 
 
 # Shapes for tracing come from the C++ Meta registration, which runs the CUDA path's own checks
-# (csrc/torch/attention.cpp); what Python adds is the autograd rule: no backward yet, a clear error,
-# never a wrong gradient.
+# (csrc/torch/attention.cpp); what Python adds is the autograd rule.
 if extension_loaded():
-    for _op in ("flashext::flash_attn_fwd", "flashext::flash_attn_varlen_fwd"):
-        torch.library.register_autograd(_op, _no_backward, setup_context=lambda ctx, inputs, output: None)
+    torch.library.register_autograd("flashext::flash_attn_fwd", _backward_dense, setup_context=_setup_dense)
+    torch.library.register_autograd("flashext::flash_attn_varlen_fwd", _backward_varlen, setup_context=_setup_varlen)

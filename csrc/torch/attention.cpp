@@ -22,6 +22,8 @@ namespace {
 
 constexpr const char* kFlash = "flashext.flash_attention";
 constexpr const char* kFlashVarlen = "flashext.flash_attention_varlen";
+constexpr const char* kFlashBwd = "flashext.flash_attention (backward)";
+constexpr const char* kFlashVarlenBwd = "flashext.flash_attention_varlen (backward)";
 
 bool rows_aligned16(const at::Tensor& t) {
   // cp.async moves 16-byte chunks: every row start (pointer and strides) must be 16-byte aligned.
@@ -98,6 +100,29 @@ void check_options(const char* fn, std::optional<double> softmax_scale, int64_t 
   FX_CHECK(softcap >= 0.0 && std::isfinite(softcap), fn, ": softcap must be >= 0 (0: off)");
 }
 
+// cu_seqlens_q/k: int32, contiguous 1-D of the same length (batch + 1), on q's device; the maxima
+// in [0, 2^29]. The offsets' values are validate_cu_seqlens's (a host copy).
+void check_cu_seqlens_args(const char* fn, const at::Tensor& q_in, const at::Tensor& cu_seqlens_q,
+                           const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  for (const auto& [cu, name] : {std::pair<const at::Tensor&, const char*>{cu_seqlens_q, "cu_seqlens_q"},
+                                 std::pair<const at::Tensor&, const char*>{cu_seqlens_k, "cu_seqlens_k"}}) {
+    FX_CHECK(cu.defined() && cu.device() == q_in.device(), fn, ": argument '", name,
+             "' must be on the device of 'q' (", q_in.device(), ")");
+    FX_CHECK(cu.scalar_type() == at::kInt, fn, ": argument '", name, "' must be int32, got ",
+             cu.scalar_type());
+    FX_CHECK(cu.dim() == 1 && cu.sym_size(0) >= 1 && cu.is_contiguous(), fn, ": argument '", name,
+             "' must be a contiguous 1-D tensor of batch + 1 offsets, got shape ", cu.sym_sizes());
+  }
+  FX_CHECK(cu_seqlens_k.sym_size(0) == cu_seqlens_q.sym_size(0), fn,
+           ": arguments 'cu_seqlens_q' and 'cu_seqlens_k' must have the same length (batch + 1), got ",
+           cu_seqlens_q.sym_size(0), " and ", cu_seqlens_k.sym_size(0));
+  FX_CHECK(cu_seqlens_q.sym_size(0) <= kMaxGridYZ + 1, fn, ": at most ", kMaxGridYZ,
+           " sequences, got ", cu_seqlens_q.sym_size(0) - 1);
+  FX_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= kMaxSeqlen && max_seqlen_k <= kMaxSeqlen,
+           fn, ": max_seqlen_q and max_seqlen_k must be in [0, 2^29], got ", max_seqlen_q, " and ",
+           max_seqlen_k);
+}
+
 // validate=True: the offsets' values, from one host copy of both (a sync), with the words of
 // check_cu_seqlens's verdicts; returns whether the query sequences cover every row of q.
 bool validate_cu_seqlens(const at::Tensor& cu_q, const at::Tensor& cu_k, int64_t total_q, int64_t total_k,
@@ -122,10 +147,10 @@ bool validate_cu_seqlens(const at::Tensor& cu_q, const at::Tensor& cu_k, int64_t
 }
 
 // The kernel's common fields.
-flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
-                                     at::Tensor& lse, bool causal, std::optional<double> softmax_scale,
-                                     int64_t window_left, int64_t window_right, double softcap, int64_t seqlen_q,
-                                     int64_t seqlen_k) {
+flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& out, const at::Tensor& lse, bool causal,
+                                     std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
+                                     double softcap, int64_t seqlen_q, int64_t seqlen_k) {
   const int64_t head_dim = q.size(-1);
   flashext::FlashFwdParams p;
   p.q = q.data_ptr();
@@ -149,7 +174,8 @@ flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, c
 
 std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                                   bool causal, std::optional<double> softmax_scale, int64_t window_left,
-                                                  int64_t window_right, double softcap, bool align_top_left) {
+                                                  int64_t window_right, double softcap, bool align_top_left,
+                                                  bool /*deterministic: the backward's*/) {
   check_qkv(kFlash, q_in, k_in, v_in, 4);
   check_options(kFlash, softmax_scale, window_left, window_right, softcap);
   at::Tensor out = at::empty_symint(q_in.sym_sizes(), q_in.options());
@@ -179,26 +205,11 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
                                                          const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                                          int64_t max_seqlen_k, bool causal,
                                                          std::optional<double> softmax_scale, int64_t window_left,
-                                                         int64_t window_right, double softcap, bool validate) {
+                                                         int64_t window_right, double softcap, bool validate,
+                                                         bool /*deterministic: the backward's*/) {
   check_qkv(kFlashVarlen, q_in, k_in, v_in, 3);
   check_options(kFlashVarlen, softmax_scale, window_left, window_right, softcap);
-  for (const auto& [cu, name] : {std::pair<const at::Tensor&, const char*>{cu_seqlens_q, "cu_seqlens_q"},
-                                 std::pair<const at::Tensor&, const char*>{cu_seqlens_k, "cu_seqlens_k"}}) {
-    FX_CHECK(cu.defined() && cu.device() == q_in.device(), kFlashVarlen, ": argument '", name,
-             "' must be on the device of 'q' (", q_in.device(), ")");
-    FX_CHECK(cu.scalar_type() == at::kInt, kFlashVarlen, ": argument '", name, "' must be int32, got ",
-             cu.scalar_type());
-    FX_CHECK(cu.dim() == 1 && cu.sym_size(0) >= 1 && cu.is_contiguous(), kFlashVarlen, ": argument '", name,
-             "' must be a contiguous 1-D tensor of batch + 1 offsets, got shape ", cu.sym_sizes());
-  }
-  FX_CHECK(cu_seqlens_k.sym_size(0) == cu_seqlens_q.sym_size(0), kFlashVarlen,
-           ": arguments 'cu_seqlens_q' and 'cu_seqlens_k' must have the same length (batch + 1), got ",
-           cu_seqlens_q.sym_size(0), " and ", cu_seqlens_k.sym_size(0));
-  FX_CHECK(cu_seqlens_q.sym_size(0) <= kMaxGridYZ + 1, kFlashVarlen, ": at most ", kMaxGridYZ,
-           " sequences, got ", cu_seqlens_q.sym_size(0) - 1);
-  FX_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= kMaxSeqlen && max_seqlen_k <= kMaxSeqlen,
-           kFlashVarlen, ": max_seqlen_q and max_seqlen_k must be in [0, 2^29], got ", max_seqlen_q, " and ",
-           max_seqlen_k);
+  check_cu_seqlens_args(kFlashVarlen, q_in, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   // Rows no sequence covers (past cu_seqlens_q[-1], or past max_seqlen_q) are never computed: unless
   // validated offsets cover every row, they are filled first with 0 and lse −inf, rather than
   // reading whatever memory held.
@@ -233,9 +244,146 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   return {out, lse};
 }
 
+// dout and out have q's shape, device and dtype, out a contiguous last dim (dout may have any
+// strides: autograd hands over expanded gradients; see grad_rows); lse (and dlse) are fp32 of
+// lse_shape on q's device.
+void check_grad_inputs(const char* fn, const at::Tensor& q, const at::Tensor& dout, const at::Tensor& out,
+                       const at::Tensor& lse, const std::optional<at::Tensor>& dlse, c10::SymIntArrayRef lse_shape) {
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{dout, "dout"},
+                                std::pair<const at::Tensor&, const char*>{out, "out"}}) {
+    check_same_device_dtype(fn, q, "q", t, name);
+    FX_CHECK(t.sym_sizes() == q.sym_sizes(), fn, ": argument '", name, "' must have the shape of 'q' (", q.sym_sizes(),
+             "), got ", t.sym_sizes());
+  }
+  FX_CHECK(out.sym_stride(-1) == 1, fn, ": argument 'out' must have a contiguous last dimension");
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&lse, "lse"},
+                                std::pair<const at::Tensor*, const char*>{dlse ? &*dlse : nullptr, "dlse"}}) {
+    if (t == nullptr) continue;
+    FX_CHECK(t->defined() && t->device() == q.device(), fn, ": argument '", name, "' must be on the device of 'q' (",
+             q.device(), ")");
+    FX_CHECK(t->scalar_type() == at::kFloat, fn, ": argument '", name, "' must be float32, got ", t->scalar_type());
+    FX_CHECK(t->sym_sizes() == lse_shape, fn, ": argument '", name, "' must have shape ", lse_shape, ", got ",
+             t->sym_sizes());
+  }
+}
+
+// dout as the kernel reads it: aligned rows with a contiguous last dim, copied when it is not so
+// (e.g. the stride-0 gradient of a sum).
+at::Tensor grad_rows(const at::Tensor& dout) {
+  return dout.stride(-1) == 1 ? aligned_rows(dout) : dout.contiguous();
+}
+
+// The backward's fields beyond the forward's, and its launch with a workspace from torch's allocator.
+void run_backward(const char* fn, flashext::FlashBwdParams& p, const at::Tensor& dout, const at::Tensor& dlse,
+                  at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool deterministic) {
+  p.dout = dout.data_ptr();
+  p.dlse = dlse.defined() ? dlse.data_ptr<float>() : nullptr;
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.deterministic = deterministic;
+  const int64_t bytes = int64_t(flashext::flash_bwd_workspace_bytes(p));
+  const at::Tensor workspace = at::empty({bytes}, dq.options().dtype(at::kByte));
+  check_launch(fn, flashext::run_flash_bwd(p, workspace.data_ptr(), current_stream(dq)));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd(
+    const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const at::Tensor& out_in, const at::Tensor& lse_in, const std::optional<at::Tensor>& dlse_in, bool causal,
+    std::optional<double> softmax_scale, int64_t window_left, int64_t window_right, double softcap,
+    bool align_top_left, bool deterministic) {
+  check_qkv(kFlashBwd, q_in, k_in, v_in, 4);
+  check_options(kFlashBwd, softmax_scale, window_left, window_right, softcap);
+  const std::array<c10::SymInt, 3> lse_shape{q_in.sym_size(0), q_in.sym_size(2), q_in.sym_size(1)};
+  check_grad_inputs(kFlashBwd, q_in, dout_in, out_in, lse_in, dlse_in, lse_shape);
+  const bool empty = q_in.sym_numel() == 0 || k_in.sym_numel() == 0;
+  // No query or no key: every gradient is 0 (an output that sees no key is 0 whatever k and v).
+  at::Tensor dq = empty ? at::zeros_symint(q_in.sym_sizes(), q_in.options()) : at::empty_symint(q_in.sym_sizes(), q_in.options());
+  at::Tensor dk = empty ? at::zeros_symint(k_in.sym_sizes(), k_in.options()) : at::empty_symint(k_in.sym_sizes(), k_in.options());
+  at::Tensor dv = empty ? at::zeros_symint(v_in.sym_sizes(), v_in.options()) : at::empty_symint(v_in.sym_sizes(), v_in.options());
+  if (is_meta(q_in) || empty) return {dq, dk, dv};
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
+  const at::Tensor dout = grad_rows(dout_in), out = aligned_rows(out_in);
+  const at::Tensor& lse = lse_in;  // the kernel reads it through its strides
+  const at::Tensor dlse = dlse_in.has_value() ? *dlse_in : at::Tensor();
+  const int64_t seqlen_q = q.size(1), seqlen_k = k.size(1);
+  flashext::FlashBwdParams p;
+  static_cast<flashext::FlashFwdParams&>(p) =
+      base_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,
+                  softcap, seqlen_q, seqlen_k);
+  p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
+  p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
+  p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
+  p.o_batch_stride = out.stride(0), p.o_row_stride = out.stride(1), p.o_head_stride = out.stride(2);
+  p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1);
+  FX_CHECK(lse.stride(2) == 1 && (!dlse.defined() || dlse.strides() == lse.strides()), kFlashBwd,
+           ": 'lse' (and 'dlse') must be contiguous along the sequence, with the same strides");
+  p.do_batch_stride = dout.stride(0), p.do_row_stride = dout.stride(1), p.do_head_stride = dout.stride(2);
+  p.dq_batch_stride = dq.stride(0), p.dq_row_stride = dq.stride(1), p.dq_head_stride = dq.stride(2);
+  p.dk_batch_stride = dk.stride(0), p.dk_row_stride = dk.stride(1), p.dk_head_stride = dk.stride(2);
+  p.dv_batch_stride = dv.stride(0), p.dv_row_stride = dv.stride(1), p.dv_head_stride = dv.stride(2);
+  p.batch = int(q.size(0));
+  p.seqlen_q = int(seqlen_q);
+  p.seqlen_k = int(seqlen_k);
+  p.align_top_left = align_top_left;
+  run_backward(kFlashBwd, p, dout, dlse, dq, dk, dv, deterministic);
+  return {dq, dk, dv};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_varlen_bwd(
+    const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const at::Tensor& out_in, const at::Tensor& lse_in, const std::optional<at::Tensor>& dlse_in,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+    bool causal, std::optional<double> softmax_scale, int64_t window_left, int64_t window_right, double softcap,
+    bool deterministic) {
+  check_qkv(kFlashVarlenBwd, q_in, k_in, v_in, 3);
+  check_options(kFlashVarlenBwd, softmax_scale, window_left, window_right, softcap);
+  check_cu_seqlens_args(kFlashVarlenBwd, q_in, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  const std::array<c10::SymInt, 2> lse_shape{q_in.sym_size(1), q_in.sym_size(0)};
+  check_grad_inputs(kFlashVarlenBwd, q_in, dout_in, out_in, lse_in, dlse_in, lse_shape);
+  // Key rows no sequence covers get no block: dk and dv start at 0 (dq is written everywhere).
+  at::Tensor dq = at::empty_symint(q_in.sym_sizes(), q_in.options());
+  at::Tensor dk = at::zeros_symint(k_in.sym_sizes(), k_in.options());
+  at::Tensor dv = at::zeros_symint(v_in.sym_sizes(), v_in.options());
+  if (is_meta(q_in)) return {dq, dk, dv};
+  if (q_in.numel() == 0 || k_in.numel() == 0 || cu_seqlens_q.size(0) == 1) return {dq.zero_(), dk, dv};
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
+  const at::Tensor dout = grad_rows(dout_in), out = aligned_rows(out_in);
+  const at::Tensor& lse = lse_in;
+  const at::Tensor dlse = dlse_in.has_value() ? *dlse_in : at::Tensor();
+  FX_CHECK(lse.stride(1) == 1 && (!dlse.defined() || dlse.strides() == lse.strides()), kFlashVarlenBwd,
+           ": 'lse' (and 'dlse') must be contiguous along the rows, with the same strides");
+  flashext::FlashBwdParams p;
+  static_cast<flashext::FlashFwdParams&>(p) =
+      base_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,
+                  softcap, max_seqlen_q, max_seqlen_k);
+  p.q_row_stride = q.stride(0), p.q_head_stride = q.stride(1);
+  p.k_row_stride = k.stride(0), p.k_head_stride = k.stride(1);
+  p.v_row_stride = v.stride(0), p.v_head_stride = v.stride(1);
+  p.o_row_stride = out.stride(0), p.o_head_stride = out.stride(1);
+  p.lse_head_stride = lse.stride(0);
+  p.do_row_stride = dout.stride(0), p.do_head_stride = dout.stride(1);
+  p.dq_row_stride = dq.stride(0), p.dq_head_stride = dq.stride(1);
+  p.dk_row_stride = dk.stride(0), p.dk_head_stride = dk.stride(1);
+  p.dv_row_stride = dv.stride(0), p.dv_head_stride = dv.stride(1);
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  p.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
+  p.total_q = q.size(0);
+  p.total_k = k.size(0);
+  p.batch = int(cu_seqlens_q.size(0) - 1);
+  p.seqlen_q = int(max_seqlen_q);
+  p.seqlen_k = int(max_seqlen_k);
+  run_backward(kFlashVarlenBwd, p, dout, dlse, dq, dk, dv, deterministic);
+  return {dq, dk, dv};
+}
+
 void register_attention_impls(torch::Library& m) {
   m.impl("flash_attn_fwd", &flash_attn_fwd);
   m.impl("flash_attn_varlen_fwd", &flash_attn_varlen_fwd);
+  m.impl("flash_attn_bwd", &flash_attn_bwd);
+  m.impl("flash_attn_varlen_bwd", &flash_attn_varlen_bwd);
 }
 
 }  // namespace

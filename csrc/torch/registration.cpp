@@ -1,6 +1,6 @@
 // flashext: every op's schema, written once. Implementations register per backend in the op
-// family's glue file (gelu.cpp, attention.cpp); fake (meta) kernels and autograd formulas live in
-// Python (flashext/gelu.py, flashext/attention.py), registered when `import flashext` runs.
+// family's glue file (gelu.cpp, attention.cpp), for the CUDA, CPU and Meta keys alike; the
+// autograd formulas live in Python (flashext/gelu.py, flashext/attention.py).
 #include <torch/library.h>
 
 TORCH_LIBRARY(flashext, m) {
@@ -14,15 +14,27 @@ TORCH_LIBRARY(flashext, m) {
   m.def("bias_gelu_out(Tensor x, Tensor bias, str approximate, Tensor(a!) out) -> ()");
   // (grad_x, grad_bias) with grad_bias = Σ over all leading dims of grad_x
   m.def("bias_gelu_backward(Tensor grad_out, Tensor x, Tensor bias, str approximate=\"none\") -> (Tensor, Tensor)");
-  // (out, lse): out like q (B, Sq, H, D), lse (B, H, Sq) fp32, natural log
+  // (out, lse): out like q (B, Sq, H, D), lse (B, H, Sq) fp32, natural log. deterministic is the
+  // backward's (autograd reads it from here).
   m.def(
       "flash_attn_fwd(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
-      "int window_left=-1, int window_right=-1, float softcap=0.0, bool align_top_left=False) -> (Tensor, Tensor)");
+      "int window_left=-1, int window_right=-1, float softcap=0.0, bool align_top_left=False, "
+      "bool deterministic=False) -> (Tensor, Tensor)");
   // packed ragged batch: q (total_q, H, D), k/v (total_k, Hkv, D); lse (H, total_q)
   m.def(
       "flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
       "int max_seqlen_q, int max_seqlen_k, bool causal=False, float? softmax_scale=None, int window_left=-1, "
-      "int window_right=-1, float softcap=0.0, bool validate=False) -> (Tensor, Tensor)");
+      "int window_right=-1, float softcap=0.0, bool validate=False, bool deterministic=False) -> (Tensor, Tensor)");
+  // (dq, dk, dv) from dout, the forward's inputs, out and lse, and dlse when the lse was used
+  m.def(
+      "flash_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
+      "bool causal=False, float? softmax_scale=None, int window_left=-1, int window_right=-1, float softcap=0.0, "
+      "bool align_top_left=False, bool deterministic=False) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "flash_attn_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
+      "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal=False, "
+      "float? softmax_scale=None, int window_left=-1, int window_right=-1, float softcap=0.0, "
+      "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
   // softmax over the last dim with a running max and sum (the building block of the above)
   m.def("online_softmax(Tensor x) -> Tensor");
 }

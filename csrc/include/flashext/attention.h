@@ -11,6 +11,7 @@
 // A query that sees no key gets O = 0 and lse = −inf.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -53,6 +54,39 @@ struct FlashFwdParams {
 int flash_fwd_kernel_head_dim(int head_dim);
 
 cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
+
+// The backward: dq, dk, dv from dout, the forward's inputs, its out and its lse (natural log,
+// −inf for a query that sees no key: its gradients are 0). The same layouts, strides and options
+// as the forward (the FlashFwdParams part); dq like q, dk and dv like k and v. dK and dV of a KV
+// head sum over the H / Hkv query heads that read it.
+//
+// Work: (1) D = rowsum(dout ∘ out) per query row, (2) per key block, dK and dV held in registers
+// while the visible query blocks of every query head of the group stream past, and dQ added
+// into an fp32 buffer (atomics: the order of additions, and so dq's last bits, can vary from run
+// to run, unless deterministic), (3) dq = that buffer · softmax_scale in q's dtype. The workspace
+// holds the buffer, D and the counters: flash_bwd_workspace_bytes(params) bytes, 256-byte aligned,
+// any contents (zeroed in-stream).
+struct FlashBwdParams : FlashFwdParams {
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  // Strides in elements, as the forward's (varlen ignores the batch strides).
+  int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  // lse must be given (FlashFwdParams::lse and its strides), as the forward wrote it. dlse, the
+  // gradient of lse when the caller used it (null: none), has lse's layout and strides.
+  const float* dlse = nullptr;
+  // Adds each block's dQ in a fixed order (key block by key block, waiting on a counter per
+  // query block) instead of by atomics: dq is then bitwise the same from run to run.
+  bool deterministic = false;
+};
+
+size_t flash_bwd_workspace_bytes(const FlashBwdParams& params);
+
+cudaError_t run_flash_bwd(const FlashBwdParams& params, void* workspace, cudaStream_t stream);
 
 // What is wrong with a host copy of varlen offsets cu[0 .. n) for a packed tensor of `total` rows
 // and sequences of at most max_seqlen rows (the kernel clamps bad offsets, so this is about

@@ -102,6 +102,18 @@ FX_DEVICE uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// PTX ISA §9.7.9.8 ld.acquire.gpu: a load that later loads of this thread cannot pass (a counter
+// another block releases with a fence and an atomic add).
+FX_DEVICE int ld_acquire(const int* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+
+// A 16-bit value as fp32 (exact).
+FX_DEVICE float to_float(__half x) { return __half2float(x); }
+FX_DEVICE float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
 // Two 16-bit ones in one register (an mma operand that sums the other's rows).
 template <typename T>
 FX_DEVICE constexpr uint32_t ones2();
