@@ -142,6 +142,62 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_sca
     return (out, lse.float()) if return_lse else out
 
 
+def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+                       softmax_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                       softcap: float = 0.0, dlse: Tensor | None = None,
+                       compute_dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of attention() for the output gradient dout (B, Sq, H, D), and dlse (B, H, Sq)
+    when its lse was used too: the definition of the backward, from the (Sq, Sk) probabilities P.
+
+        dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − rowsum(P ∘ dP) + dlse)     (per query row)
+        dscores = dS · scale · (1 − tanh²(s / softcap)) if soft-capped,  dQ = dscores K,  dK = dscoresᵀ Q
+
+    with dK and dV of a KV head summed over its group of query heads. A query that sees no key has
+    P = 0, so its gradients are 0 (autograd through attention()'s torch.where would give NaN there).
+    """
+    seqlen_q, seqlen_k, heads, heads_kv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    qf, kf, vf, scale = _heads_first(q, k, v, softmax_scale, compute_dtype)  # (B, H, S, D)
+    dof = dout.to(compute_dtype).transpose(1, 2)
+    raw = (qf @ kf.transpose(-1, -2)) * scale
+    scores = softcap * torch.tanh(raw / softcap) if softcap > 0 else raw
+    visible = attention_mask(seqlen_q, seqlen_k, causal, window_size, device=q.device)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    probs = torch.where(visible.any(dim=-1)[:, None], torch.exp(scores - _safe_max(lse)),
+                        torch.zeros((), dtype=compute_dtype, device=q.device))
+    dv = probs.transpose(-1, -2) @ dof
+    dp = dof @ vf.transpose(-1, -2)
+    ds = probs * (dp - (probs * dp).sum(dim=-1, keepdim=True))
+    if dlse is not None:
+        ds = ds + probs * dlse.to(compute_dtype)[..., None]
+    if softcap > 0:
+        ds = ds * (1 - torch.tanh(raw / softcap) ** 2)
+    ds = ds * scale
+    dq = ds @ kf
+    dk = ds.transpose(-1, -2) @ qf
+    group = heads // heads_kv
+
+    def per_kv_head(t):  # (B, H, Sk, D) → (B, Sk, Hkv, D), summed over each group
+        b, _, s, d = t.shape
+        return t.reshape(b, heads_kv, group, s, d).sum(dim=2).transpose(1, 2)
+    return dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv)
+
+
+def attention_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                              cu_seqlens_k: Tensor, dlse: Tensor | None = None, **kwargs):
+    """attention_backward() per sequence of a packed ragged batch (dlse (H, total_q))."""
+    dq, dk, dv = torch.zeros_like(q, dtype=kwargs.get("compute_dtype", torch.float64)), None, None
+    dk = torch.zeros_like(k, dtype=dq.dtype)
+    dv = torch.zeros_like(v, dtype=dq.dtype)
+    for b in range(len(cu_seqlens_q) - 1):
+        qs = slice(int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]))
+        ks = slice(int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1]))
+        g = attention_backward(dout[None, qs], q[None, qs], k[None, ks], v[None, ks],
+                               dlse=None if dlse is None else dlse[None, :, qs], **kwargs)
+        dq[qs], dk[ks], dv[ks] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, **kwargs):
     """Packed ragged batch: q (total_q, H, D), k/v (total_k, Hkv, D); sequence b is
     rows cu_seqlens[b]:cu_seqlens[b + 1]. Each sequence is attention() on its own.

@@ -115,3 +115,64 @@ def test_online_softmax_two_tiles_walkthrough():
     # "two tiles, never the whole row": the second tile raises the max, the first tile's sum is rescaled
     x = torch.tensor([[1.0, 2.0, 3.0, 10.0, 0.0, -1.0]], dtype=torch.float64)
     torch.testing.assert_close(ref.online_softmax(x, 3), torch.softmax(x, dim=-1), rtol=1e-15, atol=1e-15)
+
+
+# ---- the backward's definition --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, seqlen_q, seqlen_k, heads_kv", [
+    ({}, 7, 9, 2), ({"causal": True}, 9, 9, 1), ({"causal": True}, 6, 11, 4), ({"window_size": (3, 2)}, 10, 12, 2),
+    ({"softcap": 5.0, "causal": True}, 8, 8, 4), ({"softmax_scale": 0.3}, 5, 5, 1)])
+def test_backward_equals_autograd_of_attention(kwargs, seqlen_q, seqlen_k, heads_kv):
+    # Shapes where every query sees a key (autograd through attention()'s torch.where is NaN
+    # for a row that sees none; attention_backward gives 0 there, tested below).
+    q, k, v = (t.requires_grad_() for t in qkv(2, seqlen_q, seqlen_k, 4, heads_kv, 16))
+    dout = torch.randn(2, seqlen_q, 4, 16, dtype=torch.float64)
+    want = torch.autograd.grad((ref.attention(q, k, v, **kwargs) * dout).sum(), (q, k, v))
+    got = ref.attention_backward(dout, q.detach(), k.detach(), v.detach(), **kwargs)
+    for name, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=f"d{name}")
+
+
+def test_backward_through_the_lse():
+    q, k, v = (t.requires_grad_() for t in qkv(2, 6, 9, 4, 2, 16))
+    dout, dlse = torch.randn(2, 6, 4, 16, dtype=torch.float64), torch.randn(2, 4, 6, dtype=torch.float64)
+    qf, kf, vf, scale = ref._heads_first(q, k, v, None, torch.float64)
+    lse = torch.logsumexp(qf @ kf.transpose(-1, -2) * scale, dim=-1)  # fp64 (attention() returns fp32)
+    want = torch.autograd.grad((ref.attention(q, k, v) * dout).sum() + (lse * dlse).sum(), (q, k, v))
+    got = ref.attention_backward(dout, q.detach(), k.detach(), v.detach(), dlse=dlse)
+    for name, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=f"d{name}")
+
+
+def test_backward_of_rows_that_see_no_key_is_zero():
+    q, k, v = qkv(1, 8, 4, 2, 2, 16)  # causal, bottom-right: queries 0-3 see no key
+    dout = torch.randn(1, 8, 2, 16, dtype=torch.float64)
+    dq, dk, dv = ref.attention_backward(dout, q, k, v, causal=True)
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    assert (dq[:, :4] == 0).all()
+    # the rows that see keys get the gradients of attention() on those rows alone
+    want = ref.attention_backward(dout[:, 4:], q[:, 4:], k, v, causal=True)
+    torch.testing.assert_close(dq[:, 4:], want[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dk, want[1], rtol=1e-12, atol=1e-12)
+
+
+def test_gradcheck_of_the_definition():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 5, 6, 2, 1, 8))
+    assert torch.autograd.gradcheck(lambda q, k, v: ref.attention(q, k, v, softcap=3.0, window_size=(2, 1)), (q, k, v))
+
+
+def test_varlen_backward_is_backward_per_sequence():
+    cu_q = torch.tensor([0, 3, 3, 8], dtype=torch.int32)
+    cu_k = torch.tensor([0, 4, 6, 12], dtype=torch.int32)
+    q, k, v = torch.randn(8, 4, 16, dtype=torch.float64), torch.randn(12, 2, 16, dtype=torch.float64), \
+        torch.randn(12, 2, 16, dtype=torch.float64)
+    dout = torch.randn(8, 4, 16, dtype=torch.float64)
+    dq, dk, dv = ref.attention_varlen_backward(dout, q, k, v, cu_q, cu_k, causal=True)
+    for b in range(3):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        want = ref.attention_backward(dout[None, qs], q[None, qs], k[None, ks], v[None, ks], causal=True)
+        torch.testing.assert_close(dq[qs], want[0][0])
+        torch.testing.assert_close(dk[ks], want[1][0])
+        torch.testing.assert_close(dv[ks], want[2][0])
+    assert (dk[4:6] == 0).all()  # the sequence with no query (lengths 3, 0, 5 against 4, 2, 6)
