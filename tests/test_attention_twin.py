@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flashext import reference as ref
-from flashext.testing import assert_close
+from flashext.testing import GRADIENT_FACTOR, assert_close
 from flashext.triton_ref import attention as twin
 from tests.helpers import HAS_CUDA
 
@@ -98,3 +98,49 @@ def test_twin_varlen(dtype):
     base, base_lse = ref.attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True, compute_dtype=dtype)
     assert_close("twin varlen out", out, want, base)
     assert_close("twin varlen lse", lse, want_lse, base_lse.float())
+
+
+# ---- the backward twin ----------------------------------------------------------------------------
+
+
+def check_grads(q, k, v, dlse=False, **kwargs):
+    out, lse = twin.flash_attention(q, k, v, **kwargs, **BLOCK)
+    dout = torch.randn(*q.shape, device=DEVICE).to(q.dtype)
+    lse_grad = torch.randn(*lse.shape, device=DEVICE) if dlse else None
+    got = twin.flash_attention_backward(dout, q, k, v, out, lse, dlse=lse_grad, **kwargs, **BLOCK)
+    want = ref.attention_backward(dout, q, k, v, dlse=lse_grad, **kwargs)
+    base = ref.attention_backward(dout, q, k, v, dlse=lse_grad, compute_dtype=q.dtype, **kwargs)
+    for name, g, w, b in zip(("dq", "dk", "dv"), got, want, base):
+        assert_close(f"twin {name} {kwargs}", g, w, b, factor=GRADIENT_FACTOR)
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLENS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_twin_backward_seqlens(dtype, seqlen_q, seqlen_k, causal):
+    check_grads(*make(2, seqlen_q, seqlen_k, 6, HEADS_KV[-1], HEAD_DIMS[0], dtype), causal=causal)
+
+
+@pytest.mark.parametrize("kwargs", [{"window_size": (8, 0)}, {"window_size": (3, 3)}, {"softcap": 3.0, "causal": True},
+                                    {"softmax_scale": 0.05}, {"causal": True, "dlse": True}])
+def test_twin_backward_options(kwargs):
+    check_grads(*make(2, 40, 33, 6, 2, HEAD_DIMS[-1], torch.float16), **kwargs)
+
+
+def test_twin_backward_varlen_and_empty_rows():
+    lengths_q, lengths_k = [0, 1, 7, 19], [3, 0, 7, 10]
+    cu_q = torch.tensor([0] + torch.tensor(lengths_q).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0] + torch.tensor(lengths_k).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    q = torch.randn(sum(lengths_q), 6, 16, device=DEVICE).to(torch.bfloat16)
+    k = torch.randn(sum(lengths_k), 2, 16, device=DEVICE).to(torch.bfloat16)
+    v = torch.randn(sum(lengths_k), 2, 16, device=DEVICE).to(torch.bfloat16)
+    args = (cu_q, cu_k, max(lengths_q), max(lengths_k))
+    out, lse = twin.flash_attention_varlen(q, k, v, *args, causal=True, **BLOCK)
+    dout = torch.randn(*q.shape, device=DEVICE).to(q.dtype)
+    got = twin.flash_attention_varlen_backward(dout, q, k, v, out, lse, *args, causal=True, **BLOCK)
+    want = ref.attention_varlen_backward(dout, q, k, v, cu_q, cu_k, causal=True)
+    base = ref.attention_varlen_backward(dout, q, k, v, cu_q, cu_k, causal=True, compute_dtype=q.dtype)
+    for name, g, w, b in zip(("dq", "dk", "dv"), got, want, base):
+        assert_close(f"twin varlen {name}", g, w, b, factor=GRADIENT_FACTOR)
+    # row 0 is the second sequence's only query, which has no key: dq = 0
+    assert torch.equal(got[0][0], torch.zeros_like(got[0][0]))

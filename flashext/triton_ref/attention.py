@@ -18,6 +18,16 @@ sees no key (row_sum = 0) writes O = 0 and lse = −inf. Only the key tiles that
 the block's rows are visited (causal and window bounds).
 
 Varlen: with cu_seqlens, batch b's rows are cu_seqlens[b]:cu_seqlens[b + 1] of the packed tensors.
+
+The backward (csrc/kernels/attention/flash_bwd_kernel.cuh): D = rowsum(dO ∘ O) − dlse and
+lse · log2 e (+inf for a row that saw no key) first, then flash_attention_bwd_kernel: program
+(n_block, batch · Hkv + kv_head) owns BLOCK_N keys of one KV head, keeps their dK and dV while the
+visible query blocks of every query head of the group walk past, and adds each block's dQ into an
+fp32 buffer:
+
+    S   = Q Kᵀ (soft-capped as in the forward),  P = exp2(S · scale_log2 − lse · log2 e)
+    dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D)  (∘ (1 − tanh²) soft-capped)
+    dK += dSᵀ Q,  dQ += dS K   (atomics);   finally dK · scale, dQ · scale
 """
 
 from __future__ import annotations
@@ -195,5 +205,198 @@ def _launch(q, k, v, out, lse, cu_q, cu_k, batch, seqlen_q, seqlen_k, heads, hea
         H=heads, GROUP=heads // heads_kv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim),
         VARLEN=varlen, HAS_SOFTCAP=softcap > 0,
         # bf16 values are exact in fp32 and their products too: same math, accumulation order aside
+        DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16,
+    )
+
+
+@triton.jit
+def flash_attention_bwd_kernel(
+    Q, K, V, DO, DK, DV, DQ_ACCUM, LSE2, DSUM, CU_SEQLENS_Q, CU_SEQLENS_K,
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+    stride_lb, stride_lh, seqlen_q_fixed, seqlen_k_fixed, head_dim, scale, scale_log2, softcap,
+    window_left, window_right,
+    H: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):
+    n_block = tl.program_id(0)
+    heads_kv = H // GROUP
+    batch = tl.program_id(1) // heads_kv
+    kv_head = tl.program_id(1) % heads_kv
+
+    if VARLEN:
+        q_start = tl.load(CU_SEQLENS_Q + batch).to(tl.int64)
+        k_start = tl.load(CU_SEQLENS_K + batch).to(tl.int64)
+        seqlen_q = (tl.load(CU_SEQLENS_Q + batch + 1) - q_start).to(tl.int32)
+        seqlen_k = (tl.load(CU_SEQLENS_K + batch + 1) - k_start).to(tl.int32)
+        offset_q, offset_do = q_start * stride_qs, q_start * stride_dos
+        offset_k, offset_v = k_start * stride_ks, k_start * stride_vs
+        offset_dk, offset_dv = k_start * stride_dks, k_start * stride_dvs
+        offset_stats = q_start  # (H, total_q)
+        accum_row0 = q_start  # dq_accum (total_q, H, D)
+    else:
+        seqlen_q = seqlen_q_fixed
+        seqlen_k = seqlen_k_fixed
+        b = batch.to(tl.int64)
+        offset_q, offset_do = b * stride_qb, b * stride_dob
+        offset_k, offset_v = b * stride_kb, b * stride_vb
+        offset_dk, offset_dv = b * stride_dkb, b * stride_dvb
+        offset_stats = b * stride_lb
+        accum_row0 = b * seqlen_q_fixed  # dq_accum (B · Sq, H, D)
+
+    n_start = n_block * BLOCK_N
+    if n_start < seqlen_k:
+        offs_n = n_start + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        col_valid = offs_n < seqlen_k
+        d_valid = offs_d < head_dim
+        kv_mask = col_valid[:, None] & d_valid[None, :]
+        k = tl.load(K + offset_k + kv_head * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        v = tl.load(V + offset_v + kv_head * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        if DOT_IN_FP32:  # interpreter + bf16 only: its tl.dot multiplies bf16's raw bits
+            k_dot = k.to(tl.float32)
+            v_dot = v.to(tl.float32)
+        else:
+            k_dot = k
+            v_dot = v
+        acc_dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        acc_dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+        # Query rows that can see a key of this block (bottom-right diagonal offset).
+        diag = seqlen_k - seqlen_q
+        m_lo = 0
+        m_hi = seqlen_q
+        if window_right >= 0:
+            m_lo = (tl.maximum(n_start - diag - window_right, 0) // BLOCK_M) * BLOCK_M
+        if window_left >= 0:
+            m_hi = tl.minimum(n_start + BLOCK_N - 1 - diag + window_left + 1, seqlen_q)
+        for g in range(GROUP):
+            head = kv_head * GROUP + g
+            for m_start in range(m_lo, m_hi, BLOCK_M):
+                offs_m = m_start + tl.arange(0, BLOCK_M)
+                row_valid = offs_m < seqlen_q
+                q_mask = row_valid[:, None] & d_valid[None, :]
+                q = tl.load(Q + offset_q + head * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
+                            mask=q_mask, other=0.0)
+                do = tl.load(DO + offset_do + head * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
+                             mask=q_mask, other=0.0)
+                lse2 = tl.load(LSE2 + offset_stats + head * stride_lh + offs_m, mask=row_valid, other=0.0)
+                dsum = tl.load(DSUM + offset_stats + head * stride_lh + offs_m, mask=row_valid, other=0.0)
+                if DOT_IN_FP32:
+                    q_dot = q.to(tl.float32)
+                    do_dot = do.to(tl.float32)
+                else:
+                    q_dot = q
+                    do_dot = do
+                s = tl.dot(q_dot, tl.trans(k_dot))  # S = Q Kᵀ
+                if HAS_SOFTCAP:
+                    one_plus_t, one_minus_t2 = tanh_parts(s * (scale / softcap))
+                    s = softcap * (one_plus_t - 1.0) * kLog2e
+                else:
+                    s = s * scale_log2
+                visible = row_valid[:, None] & col_valid[None, :] & (
+                    (window_left < 0) | (offs_n[None, :] >= offs_m[:, None] + diag - window_left))
+                visible = visible & ((window_right < 0) | (offs_n[None, :] <= offs_m[:, None] + diag + window_right))
+                p = tl.where(visible, tl.exp2(s - lse2[:, None]), 0.0)  # P, recomputed from the lse
+                p16 = to_dtype(p, V.dtype.element_ty)
+                dp = tl.dot(do_dot, tl.trans(v_dot))  # dP = dO Vᵀ
+                ds = p * (dp - dsum[:, None])  # dS = P ∘ (dP − D)
+                if HAS_SOFTCAP:
+                    ds = ds * one_minus_t2
+                ds16 = to_dtype(ds, Q.dtype.element_ty)
+                if DOT_IN_FP32:
+                    p16 = p16.to(tl.float32)
+                    ds16 = ds16.to(tl.float32)
+                acc_dv += tl.dot(tl.trans(p16), do_dot)  # dV += Pᵀ dO
+                acc_dk += tl.dot(tl.trans(ds16), q_dot)  # dK += dSᵀ Q
+                dq = tl.dot(ds16, k_dot)  # this block's share of dQ = dS K
+                accum = DQ_ACCUM + ((accum_row0 + offs_m[:, None]) * H + head) * head_dim + offs_d[None, :]
+                tl.atomic_add(accum, dq, mask=q_mask)
+
+        dk_ptrs = DK + offset_dk + kv_head * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
+        dv_ptrs = DV + offset_dv + kv_head * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :]
+        tl.store(dk_ptrs, to_dtype(acc_dk * scale, DK.dtype.element_ty), mask=kv_mask)
+        tl.store(dv_ptrs, to_dtype(acc_dv, DV.dtype.element_ty), mask=kv_mask)
+
+
+def _bwd_stats(dout: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None) -> tuple[Tensor, Tensor]:
+    """D = rowsum(dO ∘ O) − dlse, laid out like lse, and lse · log2 e (+inf where lse = −inf)."""
+    dsum = (dout.float() * out.float()).sum(-1)  # (..., S, H)
+    dsum = dsum.transpose(-1, -2).contiguous()  # like lse: (B, H, Sq) or (H, total_q)
+    if dlse is not None:
+        dsum = dsum - dlse
+    lse2 = torch.where(torch.isneginf(lse), float("inf"), lse * math.log2(math.e)).contiguous()
+    return dsum, lse2
+
+
+def flash_attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                             causal: bool = False, softmax_scale: float | None = None,
+                             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             dlse: Tensor | None = None, block_m: int = 64,
+                             block_n: int = 64) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of flash_attention for dout (B, Sq, H, D), from its out and lse (B, H, Sq)."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k = k.shape[1]
+    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    dsum, lse2 = _bwd_stats(dout, out, lse, dlse)
+    dq_accum = torch.zeros(batch * seqlen_q, heads, head_dim, dtype=torch.float32, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    _launch_bwd(dout, q, k, v, dk, dv, dq_accum, lse2, dsum, None, None, batch, seqlen_q, seqlen_k,
+                (q.stride(0), q.stride(1), q.stride(2)), (k.stride(0), k.stride(1), k.stride(2)),
+                (v.stride(0), v.stride(1), v.stride(2)), (dout.stride(0), dout.stride(1), dout.stride(2)),
+                (dk.stride(0), dk.stride(1), dk.stride(2)), (dv.stride(0), dv.stride(1), dv.stride(2)),
+                (lse2.stride(0), lse2.stride(1)), causal, softmax_scale, window_size, softcap, block_m, block_n)
+    return dq_accum.view(q.shape).mul(_scale(head_dim, softmax_scale)).to(q.dtype), dk, dv
+
+
+def flash_attention_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                                    cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                                    max_seqlen_k: int, causal: bool = False, softmax_scale: float | None = None,
+                                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                                    dlse: Tensor | None = None, block_m: int = 64,
+                                    block_n: int = 64) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of flash_attention_varlen, from its out and lse (H, total_q)."""
+    total_q, heads, head_dim = q.shape
+    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    dsum, lse2 = _bwd_stats(dout, out, lse, dlse)
+    dq_accum = torch.zeros(total_q, heads, head_dim, dtype=torch.float32, device=q.device)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # rows no sequence covers stay 0
+    _launch_bwd(dout, q, k, v, dk, dv, dq_accum, lse2, dsum, cu_seqlens_q, cu_seqlens_k,
+                cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, (0, q.stride(0), q.stride(1)),
+                (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1)), (0, dout.stride(0), dout.stride(1)),
+                (0, dk.stride(0), dk.stride(1)), (0, dv.stride(0), dv.stride(1)), (0, lse2.stride(0)), causal,
+                softmax_scale, window_size, softcap, block_m, block_n)
+    return dq_accum.mul(_scale(head_dim, softmax_scale)).to(q.dtype), dk, dv
+
+
+def _scale(head_dim: int, softmax_scale: float | None) -> float:
+    return head_dim**-0.5 if softmax_scale is None else softmax_scale
+
+
+def _launch_bwd(dout, q, k, v, dk, dv, dq_accum, lse2, dsum, cu_q, cu_k, batch, seqlen_q, seqlen_k,
+                sq, sk, sv, sdo, sdk, sdv, sl, causal, softmax_scale, window_size, softcap, block_m, block_n):
+    heads, head_dim, heads_kv = q.shape[-2], q.shape[-1], k.shape[-2]
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        raise ValueError("flash_attention twin: the last dim of q, k and v must be contiguous")
+    if heads % heads_kv != 0:
+        raise ValueError(f"flash_attention twin: H = {heads} is not a multiple of Hkv = {heads_kv}")
+    if batch == 0 or seqlen_k == 0:
+        dk.zero_()
+        dv.zero_()
+        return
+    scale = _scale(head_dim, softmax_scale)
+    left, right = window_size
+    if causal:
+        right = 0
+    varlen = cu_q is not None
+    grid = (triton.cdiv(seqlen_k, block_n), batch * heads_kv)
+    flash_attention_bwd_kernel[grid](
+        q, k, v, dout, dk, dv, dq_accum, lse2, dsum, cu_q if varlen else q, cu_k if varlen else q,
+        *sq, *sk, *sv, *sdo, *sdk, *sdv, *sl,
+        seqlen_q, seqlen_k, head_dim, scale, scale * math.log2(math.e), softcap, left, right,
+        H=heads, GROUP=heads // heads_kv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim),
+        VARLEN=varlen, HAS_SOFTCAP=softcap > 0,
         DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16,
     )
