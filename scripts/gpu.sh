@@ -65,18 +65,20 @@ cpp_build() {  # cpp_build [DIR [ARCHS]]: the C++ tests, for the archs given (de
 ctest_run() { cpp_build && ctest --test-dir build/cpp --output-on-failure --timeout 120; }
 sanitize() {
   cpp_build || return 1
-  for binary in test_gelu test_attention; do
+  for binary in test_gelu test_attention test_attention_backward; do
     compute-sanitizer --tool memcheck --error-exitcode 9 build/cpp/$binary --gtest_brief=1 || return 1
   done
   compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_gelu --gtest_brief=1 \
     --gtest_filter='*BiasGelu*' || return 1
   compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_attention --gtest_brief=1 || return 1
+  compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_attention_backward --gtest_brief=1 || return 1
   # a small pytest subset through the torch glue: views, unaligned starts, in-place, the edges of
   # attention's numerics, and the bad-input fuzz (nothing may be launched)
   timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
     $PY -m pytest -q -p no:cacheprovider tests/test_gelu.py tests/test_attention.py tests/test_online_softmax.py \
-    tests/test_bad_input_fuzz.py -k "views and bfloat16 or in_place and float32 or any_start_alignment \
-    or huge_logits and float16 or nan or empty or bad_calls"
+    tests/test_bad_input_fuzz.py tests/test_attention_backward.py -k "views and bfloat16 or in_place and float32 \
+    or any_start_alignment or huge_logits and float16 or nan or empty or bad_calls or no_key or varlen_rows \
+    or packed_views"
 }
 
 profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash (profile_attention.py)

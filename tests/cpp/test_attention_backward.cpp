@@ -1,0 +1,262 @@
+// flashext FlashAttention backward from C++ (flashext/attention.h): the kernels' dq, dk, dv against
+// a double-precision CPU reference on small shapes (dense, GQA, causal, windows, softcap, varlen),
+// the deterministic mode's bitwise repeatability, and the parameter checks. GPU tests GTEST_SKIP()
+// when no CUDA device is present.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "flashext/attention.h"
+
+namespace {
+
+using flashext_test::DeviceBuffer;
+using flashext_test::to_float;
+
+struct Case {
+  int batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim;
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  std::vector<int> varlen_q, varlen_k;  // non-empty: packed ragged batch with these lengths
+};
+
+// dq (sq, H, D), dk and dv (sk, Hkv, D) of one sequence, in double, from its probabilities.
+void reference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+               const std::vector<float>& dout, int sq, int sk, const Case& c, double scale, std::vector<double>& dq,
+               std::vector<double>& dk, std::vector<double>& dv) {
+  const int group = c.heads / c.heads_kv, d = c.head_dim, right = c.causal ? 0 : c.window_right;
+  dq.assign(size_t(sq) * c.heads * d, 0.0);
+  dk.assign(size_t(sk) * c.heads_kv * d, 0.0);
+  dv.assign(size_t(sk) * c.heads_kv * d, 0.0);
+  const auto at = [d](int row, int heads, int h, int e) { return (size_t(row) * heads + h) * d + e; };
+  for (int h = 0; h < c.heads; ++h) {
+    const int hk = h / group;
+    for (int i = 0; i < sq; ++i) {
+      std::vector<double> raw(sk, 0.0), s(sk, -INFINITY), p(sk, 0.0), dp(sk, 0.0);
+      double m = -INFINITY;
+      for (int j = 0; j < sk; ++j) {
+        const int diag = i + sk - sq;
+        if ((c.window_left >= 0 && j < diag - c.window_left) || (right >= 0 && j > diag + right)) continue;
+        double dot = 0;
+        for (int e = 0; e < d; ++e) dot += double(q[at(i, c.heads, h, e)]) * k[at(j, c.heads_kv, hk, e)];
+        raw[j] = dot * scale;
+        s[j] = c.softcap > 0 ? c.softcap * std::tanh(raw[j] / c.softcap) : raw[j];
+        m = std::max(m, s[j]);
+      }
+      if (m == -INFINITY) continue;  // sees no key: every gradient of this row is 0
+      double l = 0;
+      for (int j = 0; j < sk; ++j) l += std::exp(s[j] - m);
+      double rowsum = 0;  // Σ_j P_ij dP_ij = rowsum(dO ∘ O)
+      for (int j = 0; j < sk; ++j) {
+        p[j] = std::exp(s[j] - m) / l;
+        for (int e = 0; e < d; ++e) dp[j] += double(dout[at(i, c.heads, h, e)]) * v[at(j, c.heads_kv, hk, e)];
+        rowsum += p[j] * dp[j];
+      }
+      for (int j = 0; j < sk; ++j) {
+        if (p[j] == 0) continue;
+        double ds = p[j] * (dp[j] - rowsum) * scale;
+        if (c.softcap > 0) ds *= 1 - std::pow(std::tanh(raw[j] / c.softcap), 2);
+        for (int e = 0; e < d; ++e) {
+          dq[at(i, c.heads, h, e)] += ds * k[at(j, c.heads_kv, hk, e)];
+          dk[at(j, c.heads_kv, hk, e)] += ds * q[at(i, c.heads, h, e)];
+          dv[at(j, c.heads_kv, hk, e)] += p[j] * dout[at(i, c.heads, h, e)];
+        }
+      }
+    }
+  }
+}
+
+// Device copies of one case's inputs, its forward and a backward into fresh (NaN-poisoned) buffers.
+template <typename T>
+struct Problem {
+  Case c;
+  std::vector<int> lq, lk, cu_q, cu_k;
+  int total_q = 0, total_k = 0;
+  std::vector<T> q, k, v, dout;
+  std::unique_ptr<DeviceBuffer> dq_in, dk_in, dv_in, ddout, dout_o, dlse, dcu_q, dcu_k;
+  flashext::FlashBwdParams p;
+
+  explicit Problem(const Case& cs)
+      : c(cs),
+        lq(cs.varlen_q.empty() ? std::vector<int>(cs.batch, cs.seqlen_q) : cs.varlen_q),
+        lk(cs.varlen_k.empty() ? std::vector<int>(cs.batch, cs.seqlen_k) : cs.varlen_k),
+        cu_q(1, 0),
+        cu_k(1, 0) {
+    for (size_t b = 0; b < lq.size(); ++b) {
+      cu_q.push_back(cu_q.back() + lq[b]);
+      cu_k.push_back(cu_k.back() + lk[b]);
+    }
+    total_q = cu_q.back(), total_k = cu_k.back();
+    const int d = c.head_dim;
+    std::mt19937 rng(uint32_t(total_q * 131 + total_k * 7 + d + c.heads));
+    q = flashext_test::random_values<T>(size_t(total_q) * c.heads * d, rng, 1.0f);
+    k = flashext_test::random_values<T>(size_t(total_k) * c.heads_kv * d, rng, 1.0f);
+    v = flashext_test::random_values<T>(size_t(total_k) * c.heads_kv * d, rng, 1.0f);
+    dout = flashext_test::random_values<T>(q.size(), rng, 1.0f);
+    const auto buffer = [](size_t bytes) { return std::make_unique<DeviceBuffer>(bytes); };
+    dq_in = buffer(q.size() * sizeof(T) + 16);
+    dk_in = buffer(k.size() * sizeof(T) + 16);
+    dv_in = buffer(v.size() * sizeof(T) + 16);
+    ddout = buffer(q.size() * sizeof(T) + 16);
+    dout_o = buffer(q.size() * sizeof(T) + 16);
+    dlse = buffer(size_t(c.heads) * total_q * sizeof(float) + 16);
+    dcu_q = buffer(cu_q.size() * sizeof(int));
+    dcu_k = buffer(cu_k.size() * sizeof(int));
+    flashext_test::upload(dq_in->get(), q);
+    flashext_test::upload(dk_in->get(), k);
+    flashext_test::upload(dv_in->get(), v);
+    flashext_test::upload(ddout->get(), dout);
+    flashext_test::upload(dcu_q->get(), cu_q);
+    flashext_test::upload(dcu_k->get(), cu_k);
+    const bool varlen = !c.varlen_q.empty();
+    p.q = dq_in->get(); p.k = dk_in->get(); p.v = dv_in->get(); p.o = dout_o->get(); p.lse = dlse->at<float>();
+    p.dout = ddout->get();
+    p.q_row_stride = int64_t(c.heads) * d; p.q_head_stride = d; p.q_batch_stride = int64_t(c.seqlen_q) * p.q_row_stride;
+    p.k_row_stride = int64_t(c.heads_kv) * d; p.k_head_stride = d; p.k_batch_stride = int64_t(c.seqlen_k) * p.k_row_stride;
+    p.v_row_stride = p.k_row_stride; p.v_head_stride = d; p.v_batch_stride = p.k_batch_stride;
+    p.o_row_stride = p.do_row_stride = p.dq_row_stride = p.q_row_stride;
+    p.o_head_stride = p.do_head_stride = p.dq_head_stride = d;
+    p.o_batch_stride = p.do_batch_stride = p.dq_batch_stride = p.q_batch_stride;
+    p.dk_row_stride = p.dv_row_stride = p.k_row_stride;
+    p.dk_head_stride = p.dv_head_stride = d;
+    p.dk_batch_stride = p.dv_batch_stride = p.k_batch_stride;
+    p.lse_head_stride = varlen ? total_q : c.seqlen_q;
+    p.lse_batch_stride = int64_t(c.heads) * c.seqlen_q;
+    if (varlen) {
+      p.cu_seqlens_q = dcu_q->at<int>();
+      p.cu_seqlens_k = dcu_k->at<int>();
+      p.total_q = total_q;
+      p.total_k = total_k;
+    }
+    p.batch = int(lq.size()); p.heads = c.heads; p.heads_kv = c.heads_kv; p.head_dim = d;
+    p.seqlen_q = varlen ? *std::max_element(lq.begin(), lq.end()) : c.seqlen_q;
+    p.seqlen_k = varlen ? *std::max_element(lk.begin(), lk.end()) : c.seqlen_k;
+    p.softmax_scale = 1.0f / std::sqrt(float(d));
+    p.softcap = c.softcap;
+    p.window_left = c.window_left;
+    p.window_right = c.causal ? 0 : c.window_right;
+    p.dtype = flashext_test::dtype_of<T>();
+  }
+
+  // Runs the forward then the backward; returns dq, dk, dv as downloaded (dk, dv: zeroed first,
+  // since rows no varlen sequence covers are the caller's).
+  void run(bool deterministic, std::vector<T>& dq, std::vector<T>& dk, std::vector<T>& dv) {
+    FX_ASSERT_CUDA(flashext::run_flash_fwd(p, nullptr));
+    DeviceBuffer gq(q.size() * sizeof(T) + 16), gk(k.size() * sizeof(T) + 16), gv(v.size() * sizeof(T) + 16);
+    FX_ASSERT_CUDA(cudaMemset(gk.get(), 0, k.size() * sizeof(T)));
+    FX_ASSERT_CUDA(cudaMemset(gv.get(), 0, v.size() * sizeof(T)));
+    flashext::FlashBwdParams b = p;
+    b.dq = gq.get(); b.dk = gk.get(); b.dv = gv.get();
+    b.deterministic = deterministic;
+    const size_t bytes = flashext::flash_bwd_workspace_bytes(b);
+    DeviceBuffer workspace(bytes);  // poisoned: the backward must not rely on its contents
+    FX_ASSERT_CUDA(flashext::run_flash_bwd(b, workspace.get(), nullptr));
+    FX_ASSERT_CUDA(cudaDeviceSynchronize());
+    dq = flashext_test::download<T>(gq.get(), q.size());
+    dk = flashext_test::download<T>(gk.get(), k.size());
+    dv = flashext_test::download<T>(gv.get(), v.size());
+  }
+};
+
+// max |got − want| / max(1, max |want|) over want.size() values of got from `offset` on.
+template <typename T>
+double relative_error(const std::vector<T>& got, const std::vector<double>& want, size_t offset) {
+  double err = 0, scale = 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = to_float(got[offset + i]);
+    if (!std::isfinite(g)) return INFINITY;
+    err = std::max(err, std::abs(g - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / scale;
+}
+
+template <typename T>
+void run_case(const Case& c) {
+  SCOPED_TRACE("B=" + std::to_string(c.batch) + " Sq=" + std::to_string(c.seqlen_q) + " Sk=" + std::to_string(c.seqlen_k) +
+               " H=" + std::to_string(c.heads) + "/" + std::to_string(c.heads_kv) + " D=" + std::to_string(c.head_dim) +
+               " causal=" + std::to_string(c.causal) + " varlen=" + std::to_string(!c.varlen_q.empty()));
+  Problem<T> prob(c);
+  std::vector<T> dq, dk, dv;
+  prob.run(false, dq, dk, dv);
+  const int d = c.head_dim;
+  // 16-bit P, dS and inputs: a few units of the dtype's precision against sums of O(1) terms.
+  const double tol = std::is_same_v<T, __half> ? 1e-2 : 5e-2;
+  for (size_t b = 0; b < prob.lq.size(); ++b) {
+    const size_t q0 = size_t(prob.cu_q[b]) * c.heads * d, q1 = size_t(prob.cu_q[b + 1]) * c.heads * d;
+    const size_t k0 = size_t(prob.cu_k[b]) * c.heads_kv * d, k1 = size_t(prob.cu_k[b + 1]) * c.heads_kv * d;
+    std::vector<float> qf, kf, vf, df;
+    for (size_t i = q0; i < q1; ++i) {
+      qf.push_back(to_float(prob.q[i]));
+      df.push_back(to_float(prob.dout[i]));
+    }
+    for (size_t i = k0; i < k1; ++i) {
+      kf.push_back(to_float(prob.k[i]));
+      vf.push_back(to_float(prob.v[i]));
+    }
+    std::vector<double> want_dq, want_dk, want_dv;
+    reference(qf, kf, vf, df, prob.lq[b], prob.lk[b], c, prob.p.softmax_scale, want_dq, want_dk, want_dv);
+    EXPECT_LE(relative_error(dq, want_dq, q0), tol) << "dq, sequence " << b;
+    EXPECT_LE(relative_error(dk, want_dk, k0), tol) << "dk, sequence " << b;
+    EXPECT_LE(relative_error(dv, want_dv, k0), tol) << "dv, sequence " << b;
+  }
+}
+
+template <typename T>
+class FlashBwdKernel : public ::testing::Test {};
+using Types = ::testing::Types<__half, __nv_bfloat16>;
+TYPED_TEST_SUITE(FlashBwdKernel, Types);
+
+TYPED_TEST(FlashBwdKernel, AgainstCpuReference) {
+  FX_SKIP_WITHOUT_GPU();
+  run_case<TypeParam>({2, 37, 53, 4, 2, 64});
+  run_case<TypeParam>({1, 150, 217, 2, 1, 128, /*causal=*/true});
+  run_case<TypeParam>({2, 65, 65, 2, 2, 80, false, 8, 0});  // head dim 80 served by 128; window
+  run_case<TypeParam>({1, 40, 33, 2, 2, 256, true, -1, -1, /*softcap=*/3.0f});
+  run_case<TypeParam>({1, 70, 20, 2, 1, 64, true});  // causal, Sq > Sk: rows 0..49 see no key
+  run_case<TypeParam>({1, 1, 300, 4, 2, 128});  // decode-shaped
+  run_case<TypeParam>({1, 200, 130, 4, 4, 256, false, 20, 30});
+  Case varlen{0, 0, 0, 4, 2, 64, true};
+  varlen.varlen_q = {0, 1, 7, 70};
+  varlen.varlen_k = {3, 0, 7, 90};
+  run_case<TypeParam>(varlen);
+}
+
+TEST(FlashBwd, DeterministicIsBitwiseRepeatable) {
+  FX_SKIP_WITHOUT_GPU();
+  Problem<__nv_bfloat16> prob({2, 300, 300, 4, 2, 128, /*causal=*/true});
+  std::vector<__nv_bfloat16> dq0, dk0, dv0, dq, dk, dv;
+  prob.run(true, dq0, dk0, dv0);
+  for (int i = 0; i < 5; ++i) {
+    prob.run(true, dq, dk, dv);
+    ASSERT_EQ(std::memcmp(dq.data(), dq0.data(), dq.size() * sizeof(dq[0])), 0) << "run " << i;
+    ASSERT_EQ(std::memcmp(dk.data(), dk0.data(), dk.size() * sizeof(dk[0])), 0) << "run " << i;
+    ASSERT_EQ(std::memcmp(dv.data(), dv0.data(), dv.size() * sizeof(dv[0])), 0) << "run " << i;
+  }
+}
+
+TEST(FlashBwd, ParamsAreChecked) {
+  flashext::FlashBwdParams p;
+  p.heads = 4, p.heads_kv = 2, p.head_dim = 64, p.batch = 1, p.seqlen_q = p.seqlen_k = 10;
+  EXPECT_EQ(flashext::run_flash_bwd(p, nullptr, nullptr), cudaErrorInvalidValue);  // no lse, no workspace
+  p.head_dim = 60;
+  EXPECT_EQ(flashext::flash_bwd_workspace_bytes(p), 0u);
+  p.head_dim = 64;
+  const size_t plain = flashext::flash_bwd_workspace_bytes(p);
+  EXPECT_GE(plain, size_t(10) * 4 * 64 * 4);  // at least the fp32 dq buffer
+  p.deterministic = true;
+  EXPECT_GT(flashext::flash_bwd_workspace_bytes(p), plain);  // plus the counters
+}
+
+}  // namespace
