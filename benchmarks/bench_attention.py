@@ -1,6 +1,6 @@
 """FlashAttention forward against its anchors, same process, same inputs (ANCHORS.md).
 
-    python benchmarks/bench_attention.py [--quick] [--only fwd,memory,softmax]
+    python benchmarks/bench_attention.py [--quick] [--only fwd,train,memory,softmax]
 
 fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2048 / D) for fp16/bf16,
         D ∈ {64, 128, 256}, causal and not, S = 512 … 16384: flashext, its Triton twin, SDPA's
@@ -8,8 +8,13 @@ fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2
         each shape compiles). Each implementation is first checked against flashext.reference
         on the last 256 query rows (which see every key) by the tolerance rule, then timed in
         rounds whose order is balanced (each follows each other equally often); median round.
-memory  peak extra memory of one forward at B = H = 1, D = 128, fp16: flashext against SDPA's
-        math backend (which materialises the S × S scores), S = 4096 … 65536.
+train   forward + backward and the backward alone, TFLOP/s (forward 4·B·H·S²·D, backward 2.5× that,
+        halved when causal), same grid as fwd: flashext, its Triton twin, SDPA's flash and cuDNN
+        backends and SDPA with no backend chosen (what a training script gets). Gradients are
+        checked first against flashext.reference.attention_backward on one (batch, head) slice.
+memory  peak extra memory of one forward, and of forward + backward, at B = H = 1, D = 128, fp16:
+        flashext against SDPA's math backend (which materialises the S × S scores) and, for the
+        backward, SDPA's flash backend, S = 4096 … 65536.
 softmax online_softmax against torch.softmax, GB/s (one read, one write), rows of 4096 … 65536.
 Writes attention.json and attention.png to $OUT (or benchmarks/results).
 """
@@ -29,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import flashext  # noqa: E402
 from benchmarks.common import bench_ms, bench_rounds, output_dir, parse_args, run_metadata, write_json  # noqa: E402
 from flashext import reference as ref  # noqa: E402
-from flashext.testing import judge  # noqa: E402
+from flashext.testing import GRADIENT_FACTOR, judge  # noqa: E402
 from flashext.triton_ref import attention as twin  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -123,6 +128,95 @@ def section_fwd(rows, quick: bool):
                     del q, k, v, layouts, want, base
 
 
+def train_implementations():
+    """name -> (forward of (q, k, v, causal) that autograd differentiates, layout, or for the twin,
+    (forward, backward) functions called explicitly)."""
+    from torch.nn.attention import SDPBackend
+
+    def sdpa_default(q, k, v, causal):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return {
+        "flashext": (lambda q, k, v, causal: flashext.flash_attention(q, k, v, causal=causal), "bshd"),
+        "sdpa_flash": (sdpa_backend(SDPBackend.FLASH_ATTENTION), "bhsd"),
+        "sdpa_cudnn": (sdpa_backend(SDPBackend.CUDNN_ATTENTION), "bhsd"),
+        "sdpa_default": (sdpa_default, "bhsd"),
+    }
+
+
+def section_train(rows, quick: bool):
+    seqlens = [1024, 16384] if quick else [512, 1024, 2048, 4096, 8192, 16384]
+    head_dims = [128] if quick else [64, 128, 256]
+    env = lambda name, default: [x for x in os.environ.get(name, "").split(",") if x] or default  # noqa: E731
+    seqlens = [int(x) for x in env("FLASHEXT_BENCH_SEQLENS", seqlens)]
+    head_dims = [int(x) for x in env("FLASHEXT_BENCH_HEAD_DIMS", head_dims)]
+    impls = train_implementations()
+    impls = {name: impl for name, impl in impls.items() if name in env("FLASHEXT_BENCH_IMPLS", list(impls) + ["triton_twin"])}
+    with_twin = "triton_twin" in env("FLASHEXT_BENCH_IMPLS", list(impls) + ["triton_twin"])
+    for dname, dtype in DTYPES.items():
+        if dname not in env("FLASHEXT_BENCH_DTYPES", list(DTYPES)):
+            continue
+        for head_dim in head_dims:
+            heads = 2048 // head_dim
+            for causal in (False, True):
+                for seqlen in seqlens:
+                    batch = 16384 // seqlen
+                    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda").to(dtype) for _ in range(3))
+                    dout = torch.randn(batch, seqlen, heads, head_dim, device="cuda").to(dtype)
+                    # the reference on (batch 0, head 0): heads are independent here
+                    one = lambda t: t[:1, :, :1]  # noqa: E731
+                    want = ref.attention_backward(one(dout), one(q), one(k), one(v), causal=causal)
+                    base = ref.attention_backward(one(dout), one(q), one(k), one(v), causal=causal, compute_dtype=dtype)
+                    flops_fwd = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+                    row = {"section": "train", "dtype": dname, "head_dim": head_dim, "causal": causal,
+                           "seqlen": seqlen, "batch": batch, "heads": heads, "flops_fwd": flops_fwd}
+                    fwd_bwd, bwd = {}, {}
+                    for name, (fn, layout) in impls.items():
+                        to = (lambda t: t) if layout == "bshd" else (lambda t: t.transpose(1, 2).contiguous())
+                        qi, ki, vi = (to(t).detach().requires_grad_() for t in (q, k, v))
+                        di = to(dout)
+                        try:
+                            out = fn(qi, ki, vi, causal)
+                            grads = torch.autograd.grad(out, (qi, ki, vi), di, retain_graph=True)
+                            back = (lambda t: t) if layout == "bshd" else (lambda t: t.transpose(1, 2))
+                            row[name] = {}
+                            for gname, g, w, b in zip(("dq", "dk", "dv"), grads, want, base):
+                                verdict = judge(f"{name} {gname}", one(back(g)), w, b, factor=GRADIENT_FACTOR)
+                                row[name][f"{gname}_valid"] = verdict.ok
+                                row[name][f"{gname}_error"] = verdict.error
+                            row[name]["valid"] = all(row[name][f"{g}_valid"] for g in ("dq", "dk", "dv"))
+                            fwd_bwd[name] = lambda fn=fn, qi=qi, ki=ki, vi=vi, di=di: torch.autograd.grad(
+                                fn(qi, ki, vi, causal), (qi, ki, vi), di)
+                            bwd[name] = lambda out=out, qi=qi, ki=ki, vi=vi, di=di: torch.autograd.grad(
+                                out, (qi, ki, vi), di, retain_graph=True)
+                        except Exception as exc:  # an anchor that does not run here: say so, keep going
+                            row[name] = {"error_message": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                    if with_twin:
+                        out_t, lse_t = twin.flash_attention(q, k, v, causal=causal)
+                        g = twin.flash_attention_backward(dout, q, k, v, out_t, lse_t, causal=causal)
+                        row["triton_twin"] = {"valid": all(judge("twin", one(x), w, b, factor=GRADIENT_FACTOR).ok
+                                                           for x, w, b in zip(g, want, base))}
+
+                        def twin_fwd_bwd():
+                            o, lse = twin.flash_attention(q, k, v, causal=causal)
+                            return twin.flash_attention_backward(dout, q, k, v, o, lse, causal=causal)
+                        fwd_bwd["triton_twin"] = twin_fwd_bwd
+                        bwd["triton_twin"] = lambda: twin.flash_attention_backward(dout, q, k, v, out_t, lse_t,
+                                                                                   causal=causal)
+                    for label, fns, flops in (("fwd_bwd", fwd_bwd, 3.5 * flops_fwd), ("bwd", bwd, 2.5 * flops_fwd)):
+                        # fewer calls per round than fwd: five implementations, two timings, 72 points
+                        for name, (ms, times) in bench_rounds(fns, warmup=2, rep=5).items():
+                            row[name].update({f"{label}_ms": ms, f"{label}_tflops": flops / ms / 1e9,
+                                              f"{label}_rounds_ms": times})
+                    rows.append(row)
+                    cells = [f"{n} {c['fwd_bwd_tflops']:4.0f}/{c['bwd_tflops']:4.0f}" + ("" if c["valid"] else "(INVALID)")
+                             for n, c in row.items() if isinstance(c, dict) and "fwd_bwd_tflops" in c]
+                    print(f"train {dname} D={head_dim:3d} {'causal' if causal else 'full  '} S={seqlen:5d} "
+                          f"fwd+bwd/bwd TFLOP/s: " + "  ".join(cells), flush=True)
+                    del q, k, v, dout, want, base, fwd_bwd, bwd
+                    torch.cuda.empty_cache()
+
+
 def section_memory(rows, quick: bool):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -150,6 +244,32 @@ def section_memory(rows, quick: bool):
         print(f"memory S={seqlen}: " + "  ".join(f"{k} {v.get('peak_extra_mib', float('nan')):.0f} MiB"
                                                  for k, v in row.items() if isinstance(v, dict)), flush=True)
         torch.cuda.empty_cache()
+        # forward + backward: extra memory beyond q, k, v and dout
+        row = {"section": "memory_train", "seqlen": seqlen}
+        dout = torch.randn_like(q)
+        for name in ("flashext", "sdpa_flash", "sdpa_math"):
+            qg, kg, vg = (q.clone().requires_grad_() for _ in range(3))
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            try:
+                if name == "flashext":
+                    grads = torch.autograd.grad(flashext.flash_attention(qg, kg, vg), (qg, kg, vg), dout)
+                else:
+                    backend = SDPBackend.FLASH_ATTENTION if name == "sdpa_flash" else SDPBackend.MATH
+                    with sdpa_kernel(backend):
+                        out = F.scaled_dot_product_attention(qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2))
+                        grads = torch.autograd.grad(out, (qg, kg, vg), dout.transpose(1, 2))
+                torch.cuda.synchronize()
+                row[name] = {"peak_extra_mib": (torch.cuda.max_memory_allocated() - before) / 2**20}
+                del grads
+            except torch.OutOfMemoryError:
+                row[name] = {"error_message": "out of memory"}
+            del qg, kg, vg
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(f"memory fwd+bwd S={seqlen}: " + "  ".join(f"{k} {v.get('peak_extra_mib', float('nan')):.0f} MiB"
+                                                         for k, v in row.items() if isinstance(v, dict)), flush=True)
 
 
 def section_softmax(rows, quick: bool):
@@ -231,10 +351,21 @@ def summarize(payload):
               f"{row['flashext']['tflops']:5.0f} TFLOP/s: " + ", ".join(parts))
     for name, values in ratios.items():
         print(f"  vs {name}: worst {min(values):.2f}x, median {statistics.median(values):.2f}x over {len(values)} points")
+    for label in ("fwd_bwd", "bwd"):
+        ratios = {}
+        for row in payload["rows"]:
+            if row["section"] != "train" or f"{label}_tflops" not in row.get("flashext", {}):
+                continue
+            for name, cell in row.items():
+                if isinstance(cell, dict) and name != "flashext" and f"{label}_tflops" in cell:
+                    ratios.setdefault(name, []).append(row["flashext"][f"{label}_tflops"] / cell[f"{label}_tflops"])
+        for name, values in ratios.items():
+            print(f"  {label} vs {name}: worst {min(values):.2f}x, median {statistics.median(values):.2f}x "
+                  f"over {len(values)} points")
 
 
 def main():
-    args = parse_args(__doc__, "fwd,memory,softmax", "D = 128, S in {1024, 16384}; memory up to 16K", plot, summarize)
+    args = parse_args(__doc__, "fwd,train,memory,softmax", "D = 128, S in {1024, 16384}; memory up to 16K", plot, summarize)
     if args is None:
         return
     torch.manual_seed(0)
@@ -243,6 +374,8 @@ def main():
     sections = set(args.only.split(","))
     if "fwd" in sections:
         section_fwd(payload["rows"], args.quick)
+    if "train" in sections:
+        section_train(payload["rows"], args.quick)
     if "memory" in sections:
         section_memory(payload["rows"], args.quick)
     if "softmax" in sections:
