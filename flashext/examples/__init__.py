@@ -1,0 +1,1 @@
+"""End-to-end examples: `python -m flashext.examples.train_gpt`."""
