@@ -443,6 +443,33 @@ def test_bad_input(device):
         flashext.flash_attention_varlen(q[0], k[0], v[0], cu, cu, 16, 2**29 + 1, validate=False)
 
 
+@pytest.mark.parametrize("device", CHECK_DEVICES)
+def test_backward_bad_input(device):
+    # The backward ops (autograd's) check what the forward checks, plus dout, out and lse.
+    q, k, v = make(2, 16, 16, 6, 2, 64, torch.bfloat16, device=device)
+    out = randn(*q.shape, dtype=q.dtype, device=device)
+    lse = randn(2, 6, 16, device=device)
+    bwd, fn = torch.ops.flashext.flash_attn_bwd, r"flashext.flash_attention \(backward\): "
+    for args, message in (
+            ((out, q, k, v, out, lse, None), None),
+            ((out, q[:, :, :5], k, v, out, lse, None), r"the number of query heads \(5\)"),
+            ((out[:, :8], q, k, v, out, lse, None), r"argument 'dout' must have the shape of 'q'"),
+            ((out, q, k, v, out.half(), lse, None), r"argument 'out' must have the dtype of 'q'"),
+            ((out, q, k, v, out, lse[:, :, :8], None), r"argument 'lse' must have shape \[2, 6, 16\]"),
+            ((out, q, k, v, out, lse.double(), None), r"argument 'lse' must be float32"),
+            ((out, q, k, v, out, lse, lse[:1]), r"argument 'dlse' must have shape \[2, 6, 16\]")):
+        if message is None:
+            dq, dk, dv = bwd(*args)
+            assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+            continue
+        with pytest.raises(RuntimeError, match=fn + message):
+            bwd(*args)
+    cu = torch.empty(2, dtype=torch.int32, device="meta") if device == "meta" else cu_seqlens([16])
+    with pytest.raises(RuntimeError, match=r"flashext.flash_attention_varlen \(backward\): argument 'lse' must have "
+                                           r"shape \[6, 16\]"):
+        torch.ops.flashext.flash_attn_varlen_bwd(out[0], q[0], k[0], v[0], out[0], lse[0, :, :3], None, cu, cu, 16, 16)
+
+
 def test_lengths_past_the_kernels_int_bounds_are_refused():
     # The kernel's row and key-block bounds are 32-bit; lengths up to 2^29 keep every sum below 2^31.
     q = torch.empty(1, 16, 1, 8, device="meta", dtype=torch.float16)
