@@ -273,6 +273,13 @@ at::Tensor grad_rows(const at::Tensor& dout) {
   return dout.stride(-1) == 1 ? aligned_rows(dout) : dout.contiguous();
 }
 
+// The opt-in shared memory per block of t's device, in KiB.
+int64_t device_smem_kib(const at::Tensor& t) {
+  int bytes = 0;
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, t.device().index());
+  return bytes / 1024;
+}
+
 // The backward's fields beyond the forward's, and its launch with a workspace from torch's allocator.
 void run_backward(const char* fn, flashext::FlashBwdParams& p, const at::Tensor& dout, const at::Tensor& dlse,
                   at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool deterministic) {
@@ -282,6 +289,9 @@ void run_backward(const char* fn, flashext::FlashBwdParams& p, const at::Tensor&
   p.dk = dk.data_ptr();
   p.dv = dv.data_ptr();
   p.deterministic = deterministic;
+  FX_CHECK(flashext::flash_bwd_smem_bytes(p.head_dim) > 0, fn, ": head dim ", int64_t(p.head_dim),
+           " has no backward kernel that fits this GPU's shared memory per block (", device_smem_kib(dq),
+           " KiB); above head dim 128 the backward needs 144 KiB, as on A100 and H100");
   const int64_t bytes = int64_t(flashext::flash_bwd_workspace_bytes(p));
   const at::Tensor workspace = at::empty({bytes}, dq.options().dtype(at::kByte));
   check_launch(fn, flashext::run_flash_bwd(p, workspace.data_ptr(), current_stream(dq)));
@@ -305,8 +315,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd(
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
   const at::Tensor dout = grad_rows(dout_in), out = aligned_rows(out_in);
-  const at::Tensor& lse = lse_in;  // the kernel reads it through its strides
-  const at::Tensor dlse = dlse_in.has_value() ? *dlse_in : at::Tensor();
+  // lse and dlse in one layout (autograd may hand over an expanded or strided dlse)
+  const at::Tensor lse = lse_in.contiguous();
+  const at::Tensor dlse = dlse_in.has_value() ? dlse_in->contiguous() : at::Tensor();
   const int64_t seqlen_q = q.size(1), seqlen_k = k.size(1);
   flashext::FlashBwdParams p;
   static_cast<flashext::FlashFwdParams&>(p) =
@@ -317,8 +328,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd(
   p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
   p.o_batch_stride = out.stride(0), p.o_row_stride = out.stride(1), p.o_head_stride = out.stride(2);
   p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1);
-  FX_CHECK(lse.stride(2) == 1 && (!dlse.defined() || dlse.strides() == lse.strides()), kFlashBwd,
-           ": 'lse' (and 'dlse') must be contiguous along the sequence, with the same strides");
   p.do_batch_stride = dout.stride(0), p.do_row_stride = dout.stride(1), p.do_head_stride = dout.stride(2);
   p.dq_batch_stride = dq.stride(0), p.dq_row_stride = dq.stride(1), p.dq_head_stride = dq.stride(2);
   p.dk_batch_stride = dk.stride(0), p.dk_row_stride = dk.stride(1), p.dk_head_stride = dk.stride(2);
@@ -351,10 +360,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_varlen_bwd(
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
   const at::Tensor dout = grad_rows(dout_in), out = aligned_rows(out_in);
-  const at::Tensor& lse = lse_in;
-  const at::Tensor dlse = dlse_in.has_value() ? *dlse_in : at::Tensor();
-  FX_CHECK(lse.stride(1) == 1 && (!dlse.defined() || dlse.strides() == lse.strides()), kFlashVarlenBwd,
-           ": 'lse' (and 'dlse') must be contiguous along the rows, with the same strides");
+  const at::Tensor lse = lse_in.contiguous();
+  const at::Tensor dlse = dlse_in.has_value() ? dlse_in->contiguous() : at::Tensor();
   flashext::FlashBwdParams p;
   static_cast<flashext::FlashFwdParams&>(p) =
       base_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,

@@ -29,6 +29,7 @@ struct Case {
   int window_left = -1, window_right = -1;
   float softcap = 0.0f;
   std::vector<int> varlen_q, varlen_k;  // non-empty: packed ragged batch with these lengths
+  int max_smem = 0;  // the shared memory the kernels may use per block (0: the device's)
 };
 
 // dq (sq, H, D), dk and dv (sk, Hkv, D) of one sequence, in double, from its probabilities.
@@ -147,6 +148,7 @@ struct Problem {
     p.window_left = c.window_left;
     p.window_right = c.causal ? 0 : c.window_right;
     p.dtype = flashext_test::dtype_of<T>();
+    p.max_smem_per_block = c.max_smem;
   }
 
   // Runs the forward then the backward; returns dq, dk, dv as downloaded (dk, dv: zeroed first,
@@ -186,7 +188,8 @@ template <typename T>
 void run_case(const Case& c) {
   SCOPED_TRACE("B=" + std::to_string(c.batch) + " Sq=" + std::to_string(c.seqlen_q) + " Sk=" + std::to_string(c.seqlen_k) +
                " H=" + std::to_string(c.heads) + "/" + std::to_string(c.heads_kv) + " D=" + std::to_string(c.head_dim) +
-               " causal=" + std::to_string(c.causal) + " varlen=" + std::to_string(!c.varlen_q.empty()));
+               " causal=" + std::to_string(c.causal) + " varlen=" + std::to_string(!c.varlen_q.empty()) +
+               " smem=" + std::to_string(c.max_smem));
   Problem<T> prob(c);
   std::vector<T> dq, dk, dv;
   prob.run(false, dq, dk, dv);
@@ -233,6 +236,22 @@ TYPED_TEST(FlashBwdKernel, AgainstCpuReference) {
   run_case<TypeParam>(varlen);
 }
 
+// The tiles other GPUs get, on this one: A100's 163 KiB per block and sm_86/89's 99.
+TYPED_TEST(FlashBwdKernel, CompactTilesForLessSharedMemory) {
+  FX_SKIP_WITHOUT_GPU();
+  for (int kib : {163, 99}) {
+    Case dense{2, 150, 217, 4, 2, 128, /*causal=*/true};
+    dense.max_smem = kib * 1024;
+    run_case<TypeParam>(dense);
+    Case window{1, 200, 130, 4, 4, 128, false, 20, 30};
+    window.max_smem = kib * 1024;
+    run_case<TypeParam>(window);
+  }
+  Case d256{1, 140, 170, 2, 1, 256, /*causal=*/true};
+  d256.max_smem = 163 * 1024;
+  run_case<TypeParam>(d256);
+}
+
 TEST(FlashBwd, DeterministicIsBitwiseRepeatable) {
   FX_SKIP_WITHOUT_GPU();
   Problem<__nv_bfloat16> prob({2, 300, 300, 4, 2, 128, /*causal=*/true});
@@ -257,6 +276,13 @@ TEST(FlashBwd, ParamsAreChecked) {
   EXPECT_GE(plain, size_t(10) * 4 * 64 * 4);  // at least the fp32 dq buffer
   p.deterministic = true;
   EXPECT_GT(flashext::flash_bwd_workspace_bytes(p), plain);  // plus the counters
+  // The tiles per shared-memory budget: Hopper's 227 KiB, A100's 163, sm_86/89's 99.
+  EXPECT_EQ(flashext::flash_bwd_smem_bytes(256, 99 * 1024), 0);  // D = 256 does not fit 99 KiB
+  EXPECT_GT(flashext::flash_bwd_smem_bytes(256, 163 * 1024), 0);
+  EXPECT_GT(flashext::flash_bwd_smem_bytes(64, 99 * 1024), 0);
+  EXPECT_GT(flashext::flash_bwd_smem_bytes(128, 99 * 1024), 0);
+  EXPECT_LT(flashext::flash_bwd_smem_bytes(128, 163 * 1024), flashext::flash_bwd_smem_bytes(128, 227 * 1024));
+  EXPECT_EQ(flashext::flash_bwd_smem_bytes(60, 227 * 1024), 0);  // no kernel for head dim 60
 }
 
 }  // namespace

@@ -82,9 +82,17 @@ struct FlashBwdParams : FlashFwdParams {
   // Adds each block's dQ in a fixed order (key block by key block, waiting on a counter per
   // query block) instead of by atomics: dq is then bitwise the same from run to run.
   bool deterministic = false;
+  // Shared memory per block the kernels may use (0: the device's opt-in maximum). Hopper's 227 KiB
+  // takes the fastest tiles; less (A100, Ada) gets smaller ones; tests pass less to run those.
+  int max_smem_per_block = 0;
 };
 
 size_t flash_bwd_workspace_bytes(const FlashBwdParams& params);
+
+// The shared memory per block the backward needs at this head dim with max_smem_per_block bytes
+// available (0: the current device's opt-in maximum): the tiles it would run, or 0 when none fits
+// (at D = 256 the smallest needs 144 KiB: not sm_86/sm_89's 99).
+int flash_bwd_smem_bytes(int head_dim, int max_smem_per_block = 0);
 
 cudaError_t run_flash_bwd(const FlashBwdParams& params, void* workspace, cudaStream_t stream);
 

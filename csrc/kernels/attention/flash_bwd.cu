@@ -17,6 +17,17 @@ size_t flash_bwd_workspace_bytes(const FlashBwdParams& p) {
   return flash_fwd_kernel_head_dim(p.head_dim) == 0 ? 0 : bwd_workspace_bytes<64>(p);  // every head dim: kBlockM 64
 }
 
+int flash_bwd_smem_bytes(int head_dim, int max_smem_per_block) {
+  using namespace attention_detail;
+  const int budget = max_smem_per_block > 0 ? max_smem_per_block : current_device_max_smem_per_block();
+  switch (flash_fwd_kernel_head_dim(head_dim)) {
+    case 64: return bwd_smem_bytes<64>(budget);
+    case 128: return bwd_smem_bytes<128>(budget);
+    case 256: return bwd_smem_bytes<256>(budget);
+  }
+  return 0;
+}
+
 namespace {
 template <typename T>
 cudaError_t dispatch_head_dim(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {

@@ -19,11 +19,13 @@
 // always does: dQ = dS K needs it with queries as rows (warp w: query rows 16 · (w % 4) + [0, 16),
 // head-dim columns (w / 4) · kHeadDim / 2 + ...), read back transposed by ldmatrix.trans.
 //
-//   D     keys × queries  warps (keys × split)  shared memory                        registers
-//   64    128 × 64        8 × 1                 K, V 2·16 + Q, dO 2·2·8 + dSᵀ 16 = 80 KiB   see notes
+//   D     keys × queries  warps (keys × split)  shared memory
+//   64    128 × 64        8 × 1                 K, V 2·16 + Q, dO 2·2·8 + dSᵀ 16 = 80 KiB
 //   128   128 × 64        8 × 1                 K, V 2·32 + Q, dO 2·2·16 + dSᵀ 16 = 144 KiB
 //   256    64 × 64        4 × 2                 K, V 2·32 + Q, dO 2·2·32 + dSᵀ, Pᵀ 2·8 = 208 KiB
 // Q, dO and the rows' (lse, D) are double-buffered: the next query block loads under this one.
+// GPUs with less shared memory per block get the compact tiles (FlashBwdConfig): D = 128 64 × 64,
+// 4 × 2 warps, 80 KiB; D = 256 144 KiB (Q, dO single-buffered at both).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,12 +42,16 @@
 namespace flashext {
 namespace attention_detail {
 
-template <int kHeadDim_>
+// kCompact: the tiles for GPUs with less shared memory per block than Hopper's 227 KiB (A100 163,
+// sm_86/89 99): 64 keys at D = 128 and Q, dO single-buffered at D ≥ 128 (the next query block then
+// loads under the dQ GEMM only). D = 64 needs no compact form.
+template <int kHeadDim_, bool kCompact_ = false>
 struct FlashBwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kCompact = kCompact_;
   static constexpr int kNWarps = 8;
   static constexpr int kThreads = 32 * kNWarps;
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;  // keys per block
+  static constexpr int kBlockN = kHeadDim <= 64 || (kHeadDim <= 128 && !kCompact) ? 128 : 64;  // keys per block
   static constexpr int kBlockM = 64;                          // queries per step
   static constexpr int kWarpsKey = kBlockN / 16;              // key slabs of 16
   static constexpr int kWarpsSplit = kNWarps / kWarpsKey;     // warps per key slab
@@ -58,8 +64,9 @@ struct FlashBwdConfig {
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileS = kBlockN * kBlockM;  // dSᵀ or Pᵀ, rows = keys
+  static constexpr int kQBuffers = kCompact ? 1 : 2;  // Q and dO tiles each
   static constexpr int kSmemBytes =
-      (2 * kTileKV + 4 * kTileQ + (kPThroughSmem ? 2 : 1) * kTileS) * 2 + 2 * 2 * kBlockM * 4;
+      (2 * kTileKV + 2 * kQBuffers * kTileQ + (kPThroughSmem ? 2 : 1) * kTileS) * 2 + 2 * 2 * kBlockM * 4;
   static_assert(kNWarps % kWarpsKey == 0 && kNWarps % kDqRowTiles == 0, "warp layouts");
   static_assert(kBlockM == 64, "dSᵀ rows are 64 queries: 128 bytes, the swizzle's unit");
   static_assert(kQCols % 16 == 0 && kDCols % 16 == 0 && kDqCols % 16 == 0, "whole k16 steps and n8 pairs");
@@ -216,9 +223,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* smem_k = reinterpret_cast<T*>(smem_raw);
   T* smem_v = smem_k + Config::kTileKV;
-  T* smem_q = smem_v + Config::kTileKV;  // 2 buffers
-  T* smem_do = smem_q + 2 * Config::kTileQ;  // 2 buffers
-  T* smem_ds = smem_do + 2 * Config::kTileQ;  // dSᵀ, then Pᵀ when kPThroughSmem
+  T* smem_q = smem_v + Config::kTileKV;  // kQBuffers buffers
+  T* smem_do = smem_q + Config::kQBuffers * Config::kTileQ;  // kQBuffers buffers
+  T* smem_ds = smem_do + Config::kQBuffers * Config::kTileQ;  // dSᵀ, then Pᵀ when kPThroughSmem
   T* smem_p = smem_ds + Config::kTileS;
   float* smem_stats = reinterpret_cast<float*>(smem_ds + (Config::kPThroughSmem ? 2 : 1) * Config::kTileS);
   // smem_stats[buffer][0 .. kBlockM): lse · log2 e, [kBlockM .. 2 · kBlockM): D
@@ -286,12 +293,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[t][e] = acc_dv[t][e] = 0.0f;
 
-  // Prologue: K and V, then the first step's Q, dO and row statistics.
-  load_tile<Config, kBlockN>(smem_k, k + int64_t(n_start) * p.k_row_stride, p.k_row_stride, seq.seqlen_k - n_start,
-                             p.head_dim);
-  load_tile<Config, kBlockN>(smem_v, v + int64_t(n_start) * p.v_row_stride, p.v_row_stride, seq.seqlen_k - n_start,
-                             p.head_dim);
+  // Prologue: K and V, then the first step's Q, dO and row statistics (a key block that no query
+  // sees only writes its zero dK and dV).
   if (num_steps > 0) {
+    load_tile<Config, kBlockN>(smem_k, k + int64_t(n_start) * p.k_row_stride, p.k_row_stride,
+                               seq.seqlen_k - n_start, p.head_dim);
+    load_tile<Config, kBlockN>(smem_v, v + int64_t(n_start) * p.v_row_stride, p.v_row_stride,
+                               seq.seqlen_k - n_start, p.head_dim);
     load_q_do(0, 0);
     if (threadIdx.x < 2 * kBlockM) smem_stats[threadIdx.x] = load_stat(0);
   }
@@ -312,18 +320,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   const uint32_t ds_a = ptx::smem_addr(smem_ds) + 2 * swizzled<kBlockM>(16 * wk + a_row, a_chunk);
 
   for (int step = 0; step < num_steps; ++step) {
-    const int buffer = step % 2;
+    const int buffer = step % 2;  // of the row statistics; of Q and dO when double-buffered
+    const int q_buffer = Config::kQBuffers == 2 ? buffer : 0;
     const int head = step_head(step), m_start = step_m(step);
     ptx::cp_async_wait<0>();
     __syncthreads();  // this step's tiles are in; every warp is done with the last step's
-    float next_stat = 0.0f;
-    if (step + 1 < num_steps) {
-      load_q_do(step + 1, buffer ^ 1);
-      next_stat = load_stat(step + 1);
-    }
+    const float next_stat = step + 1 < num_steps ? load_stat(step + 1) : 0.0f;
+    if (Config::kQBuffers == 2 && step + 1 < num_steps) load_q_do(step + 1, buffer ^ 1);
     ptx::cp_async_commit();
-    const uint32_t q_tile = ptx::smem_addr(smem_q + buffer * Config::kTileQ);
-    const uint32_t do_tile = ptx::smem_addr(smem_do + buffer * Config::kTileQ);
+    const uint32_t q_tile = ptx::smem_addr(smem_q + q_buffer * Config::kTileQ);
+    const uint32_t do_tile = ptx::smem_addr(smem_do + q_buffer * Config::kTileQ);
     const float* lse2 = smem_stats + buffer * 2 * kBlockM;
     const float* dsum = lse2 + kBlockM;
 
@@ -432,7 +438,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
         ptx::mma_16816<T>(acc_dk[2 * tp + 1], dsa, q_frag[2], q_frag[3]);
       }
     }
-    if constexpr (!Config::kPThroughSmem) __syncthreads();  // dSᵀ is whole
+    // dSᵀ is whole (split warps: already); single-buffered, every warp is also done with Q and dO,
+    // so the next step's tiles load under the dQ GEMM.
+    if constexpr (!Config::kPThroughSmem || Config::kQBuffers == 1) __syncthreads();
+    if constexpr (Config::kQBuffers == 1) {
+      if (step + 1 < num_steps) load_q_do(step + 1, 0);
+      ptx::cp_async_commit();
+    }
 
     // dQ (this block's keys' share) = dS K: warp rows 16 · (warp % 4), columns (warp / 4) · kDqCols;
     // added into dq_accum (fp32 atomics; scaled by softmax_scale when converted).
@@ -490,9 +502,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
         }
       }
       if (p.deterministic) {
-        __threadfence();
-        __syncthreads();  // every thread's additions are out
-        if (threadIdx.x == 0) atomicAdd(counter, 1);  // after the fence: the next block sees the sums
+        __syncthreads();  // every thread's additions are issued
+        if (threadIdx.x == 0) {
+          __threadfence();  // cumulative: the block's additions are visible before the count moves
+          atomicAdd(counter, 1);
+        }
       }
     }
     if (threadIdx.x < 2 * kBlockM) smem_stats[(buffer ^ 1) * 2 * kBlockM + threadIdx.x] = next_stat;
@@ -520,25 +534,50 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   }
 }
 
-template <typename T, int kHeadDim>
-cudaError_t launch_flash_bwd(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
-  using Config = FlashBwdConfig<kHeadDim>;
-  static_assert(Config::kBlockM == 64, "flash_bwd_workspace_bytes sizes the counters for 64-row query blocks");
-  const BwdWorkspace w = bwd_workspace<Config::kBlockM>(p, workspace);
-  const int64_t pairs = bwd_rows(p) * p.heads;
-  if (pairs == 0) return cudaSuccess;
-  if (p.deterministic) {
-    FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count<Config::kBlockM>(p)) * 4, stream));
-  }
-  flash_bwd_preprocess<T><<<unsigned((pairs + 7) / 8), 256, 0, stream>>>(p, w);
-  FX_RETURN_IF_ERROR(cudaGetLastError());
+template <typename T, typename Config>
+cudaError_t launch_flash_bwd_config(const FlashBwdParams& p, const BwdWorkspace& w, cudaStream_t stream) {
   auto kernel = flash_bwd_kernel<T, Config>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const dim3 grid(unsigned((p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN), unsigned(p.heads_kv),
                   unsigned(p.batch));
-  if (grid.x > 0) {
-    kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, w);
-    FX_RETURN_IF_ERROR(cudaGetLastError());
+  if (grid.x == 0) return cudaSuccess;
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, w);
+  return cudaGetLastError();
+}
+
+// The shared memory the backward's main kernel needs per block at this head dim: with
+// `max_smem_per_block` bytes available, the full tiles, else the compact ones, else 0 (none fits).
+template <int kHeadDim>
+int bwd_smem_bytes(int max_smem_per_block) {
+  using Full = FlashBwdConfig<kHeadDim>;
+  using Compact = FlashBwdConfig<kHeadDim, kHeadDim != 64>;
+  if (max_smem_per_block >= Full::kSmemBytes) return Full::kSmemBytes;
+  return max_smem_per_block >= Compact::kSmemBytes ? Compact::kSmemBytes : 0;
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_flash_bwd(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
+  using Full = FlashBwdConfig<kHeadDim>;
+  static_assert(Full::kBlockM == 64, "flash_bwd_workspace_bytes sizes the counters for 64-row query blocks");
+  const int budget = p.max_smem_per_block > 0 ? p.max_smem_per_block : current_device_max_smem_per_block();
+  const int smem = bwd_smem_bytes<kHeadDim>(budget);
+  if (smem == 0) return cudaErrorInvalidConfiguration;  // the glue says so in words first
+  const BwdWorkspace w = bwd_workspace<Full::kBlockM>(p, workspace);
+  const int64_t pairs = bwd_rows(p) * p.heads;
+  if (pairs == 0) return cudaSuccess;
+  if (p.deterministic) {
+    FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count<Full::kBlockM>(p)) * 4, stream));
+  }
+  flash_bwd_preprocess<T><<<unsigned((pairs + 7) / 8), 256, 0, stream>>>(p, w);
+  FX_RETURN_IF_ERROR(cudaGetLastError());
+  if constexpr (kHeadDim != 64) {
+    if (smem != Full::kSmemBytes) {
+      FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, FlashBwdConfig<kHeadDim, true>>(p, w, stream)));
+    } else {
+      FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, Full>(p, w, stream)));
+    }
+  } else {
+    FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, Full>(p, w, stream)));
   }
   const int64_t threads = pairs * (p.head_dim / 8);
   flash_bwd_convert_dq<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, w);

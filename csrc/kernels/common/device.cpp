@@ -10,4 +10,12 @@ int current_device_sm_count() {
   });
 }
 
+int current_device_max_smem_per_block() {
+  static PerDeviceValue bytes;
+  return bytes.get([](int device) {
+    int value = 0;
+    return cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? value : 0;
+  });
+}
+
 }  // namespace flashext

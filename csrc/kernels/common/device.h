@@ -36,6 +36,11 @@ class PerDeviceValue {
 // no synchronisation, safe during CUDA-graph capture). Returns 0 when the query fails.
 int current_device_sm_count();
 
+// The most dynamic shared memory one block of the current device may opt into
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on sm_90, 163 on sm_80, 99 on sm_86/89),
+// cached per device. Returns 0 when the query fails.
+int current_device_max_smem_per_block();
+
 // Lets `kernel` launch with `bytes` of dynamic shared memory: past the default 48 KiB a kernel
 // must ask for it (cudaFuncAttributeMaxDynamicSharedMemorySize); below, nothing to do. A host call,
 // no synchronisation: safe during CUDA-graph capture.
