@@ -236,7 +236,8 @@ TYPED_TEST(FlashBwdKernel, AgainstCpuReference) {
   run_case<TypeParam>(varlen);
 }
 
-// The tiles other GPUs get, on this one: A100's 163 KiB per block and sm_86/89's 99.
+// The tiles other GPUs get, on this one: A100's 163 KiB per block (D = 256 compact) and sm_86/89's
+// 99 (D = 128 compact).
 TYPED_TEST(FlashBwdKernel, CompactTilesForLessSharedMemory) {
   FX_SKIP_WITHOUT_GPU();
   for (int kib : {163, 99}) {
@@ -281,7 +282,9 @@ TEST(FlashBwd, ParamsAreChecked) {
   EXPECT_GT(flashext::flash_bwd_smem_bytes(256, 163 * 1024), 0);
   EXPECT_GT(flashext::flash_bwd_smem_bytes(64, 99 * 1024), 0);
   EXPECT_GT(flashext::flash_bwd_smem_bytes(128, 99 * 1024), 0);
-  EXPECT_LT(flashext::flash_bwd_smem_bytes(128, 163 * 1024), flashext::flash_bwd_smem_bytes(128, 227 * 1024));
+  EXPECT_EQ(flashext::flash_bwd_smem_bytes(128, 163 * 1024), flashext::flash_bwd_smem_bytes(128, 227 * 1024));
+  EXPECT_LT(flashext::flash_bwd_smem_bytes(128, 99 * 1024), flashext::flash_bwd_smem_bytes(128, 163 * 1024));
+  EXPECT_LT(flashext::flash_bwd_smem_bytes(256, 163 * 1024), flashext::flash_bwd_smem_bytes(256, 227 * 1024));
   EXPECT_EQ(flashext::flash_bwd_smem_bytes(60, 227 * 1024), 0);  // no kernel for head dim 60
 }
 
