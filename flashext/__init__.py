@@ -12,7 +12,8 @@ formula, so it works in eager mode, under autograd, torch.compile(fullgraph=True
 __version__ = "0.1.0"
 
 from ._build import build_info
-from .attention import flash_attention, flash_attention_varlen, scaled_dot_product_attention
+from .attention import (flash_attention, flash_attention_varlen, merge_attention_states,
+                        scaled_dot_product_attention)
 from .softmax import online_softmax
 from .gelu import bias_gelu, fused_add_gelu
 
@@ -24,5 +25,6 @@ __all__ = [
     "flash_attention",
     "flash_attention_varlen",
     "scaled_dot_product_attention",
+    "merge_attention_states",
     "online_softmax",
 ]

@@ -89,6 +89,20 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     return out.transpose(1, 2)
 
 
+def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Attention over the union of two disjoint key sets from each set's result: (o, lse) with
+    lse = log(e^lse_a + e^lse_b) and o = e^(lse_a − lse)·o_a + e^(lse_b − lse)·o_b, in fp32.
+
+    o_a, o_b: (B, S, H, D) as flash_attention returns, or (total, H, D) as the varlen one does (fp32,
+    fp16 or bf16, head dim a multiple of 8); lse_a, lse_b: their natural-log lse, (B, H, S) or
+    (H, total), fp32. A row with lse −inf on both sides gets o = 0 and lse −inf, never NaN; NaN in
+    either lse makes the row NaN. This is how split-KV partial results are combined, and how
+    cascade (shared-prefix) attention works: attend to the shared prefix once, to each suffix apart,
+    merge. Not differentiable yet.
+    """
+    return _ops.merge_attention_states(o_a, lse_a, o_b, lse_b)
+
+
 def _setup_dense(ctx, inputs, output):
     q, k, v = inputs[:3]
     ctx.options = inputs[3:]  # causal, softmax_scale, window_left, window_right, softcap, align_top_left, deterministic
@@ -123,3 +137,9 @@ def _backward_varlen(ctx, dout, dlse):
 if extension_loaded():
     torch.library.register_autograd("flashext::flash_attn_fwd", _backward_dense, setup_context=_setup_dense)
     torch.library.register_autograd("flashext::flash_attn_varlen_fwd", _backward_varlen, setup_context=_setup_varlen)
+
+    def _merge_no_backward(ctx, *grads):
+        raise NotImplementedError("flashext.merge_attention_states: the backward pass is not implemented")
+
+    torch.library.register_autograd("flashext::merge_attention_states", _merge_no_backward,
+                                    setup_context=lambda ctx, inputs, output: None)

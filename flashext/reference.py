@@ -216,6 +216,24 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
     return (out, torch.cat(lses, dim=-1)) if return_lse else out
 
 
+def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    """The attention over two disjoint key sets from each one's normalised output and natural-log
+    lse (o (B, S, H, D) with lse (B, H, S), or (total, H, D) with (H, total)), in float64:
+    lse = logaddexp(lse_a, lse_b), o = exp(lse_a − lse)·o_a + exp(lse_b − lse)·o_b; both −inf: 0, −inf."""
+    la, lb = lse_a.double(), lse_b.double()
+    lse = torch.logaddexp(la, lb)
+    empty = torch.isneginf(la) & torch.isneginf(lb)
+    safe = torch.where(empty, torch.zeros_like(lse), lse)
+    wa = torch.where(torch.isneginf(la), torch.zeros_like(la), torch.exp(la - safe))
+    wb = torch.where(torch.isneginf(lb), torch.zeros_like(lb), torch.exp(lb - safe))
+    # lse (..., H, S) → weights (..., S, H, 1) beside o
+    wa, wb = wa.transpose(-1, -2)[..., None], wb.transpose(-1, -2)[..., None]
+    zero = torch.zeros((), dtype=torch.float64, device=o_a.device)
+    # a side of weight 0 contributes nothing, whatever its o holds (an empty side's may be NaN)
+    o = torch.where(wa == 0, zero, wa * o_a.double()) + torch.where(wb == 0, zero, wb * o_b.double())
+    return o, lse.float()
+
+
 # ---- online softmax: the building block of FlashAttention -------------------------------------
 
 

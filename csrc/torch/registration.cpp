@@ -35,6 +35,9 @@ TORCH_LIBRARY(flashext, m) {
       "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal=False, "
       "float? softmax_scale=None, int window_left=-1, int window_right=-1, float softcap=0.0, "
       "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
+  // (o, lse) of attention over two disjoint key sets from each one's (o, lse): o (B, S, H, D) or
+  // (total, H, D), lse (B, H, S) or (H, total), natural log
+  m.def("merge_attention_states(Tensor o_a, Tensor lse_a, Tensor o_b, Tensor lse_b) -> (Tensor, Tensor)");
   // softmax over the last dim with a running max and sum (the building block of the above)
   m.def("online_softmax(Tensor x) -> Tensor");
 }

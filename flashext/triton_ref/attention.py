@@ -400,3 +400,49 @@ def _launch_bwd(dout, q, k, v, dk, dv, dq_accum, lse2, dsum, cu_q, cu_k, batch, 
         VARLEN=varlen, HAS_SOFTCAP=softcap > 0,
         DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16,
     )
+
+
+@triton.jit
+def merge_attention_states_kernel(
+    O_A, LSE_A, O_B, LSE_B, O, LSE, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
+    seqlen, head_dim, H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Program (batch · S + s, head): the weights of the two sides from their lse, then one row."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    b = row // seqlen
+    s = row % seqlen
+    lse_off = b.to(tl.int64) * stride_lb + head * stride_lh + s * stride_ls
+    lse_a = tl.load(LSE_A + lse_off)
+    lse_b = tl.load(LSE_B + lse_off)
+    m = tl.where(lse_a > lse_b, lse_a, lse_b)  # NaN in either side stays NaN below
+    empty = m == float("-inf")
+    safe_m = tl.where(empty, 0.0, m)
+    e_a = tl.exp(lse_a - safe_m)
+    e_b = tl.exp(lse_b - safe_m)
+    total = e_a + e_b
+    w_a = tl.where(empty, 0.0, e_a / tl.where(empty, 1.0, total))
+    w_b = tl.where(empty, 0.0, e_b / tl.where(empty, 1.0, total))
+    tl.store(LSE + lse_off, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, total))))
+    offs_d = tl.arange(0, BLOCK_D)
+    d_valid = offs_d < head_dim
+    o_off = b.to(tl.int64) * stride_ob + s * stride_os + head * stride_oh + offs_d
+    a = tl.load(O_A + o_off, mask=d_valid, other=0.0).to(tl.float32)
+    o_b = tl.load(O_B + o_off, mask=d_valid, other=0.0).to(tl.float32)
+    out = tl.where(w_a == 0.0, 0.0, w_a * a) + tl.where(w_b == 0.0, 0.0, w_b * o_b)
+    tl.store(O + o_off, to_dtype(out, O.dtype.element_ty), mask=d_valid)
+
+
+def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    """(o, lse) of two partial results: o (B, S, H, D) or (total, H, D), lse (B, H, S) or (H, total)."""
+    packed = o_a.dim() == 3
+    o4 = lambda t: t[None] if packed else t  # noqa: E731
+    l3 = lambda t: t[None] if packed else t  # noqa: E731
+    a, b_, la, lb = (o4(o_a.contiguous()), o4(o_b.contiguous()), l3(lse_a.contiguous()), l3(lse_b.contiguous()))
+    out, lse = torch.empty_like(a), torch.empty_like(la)
+    batch, seqlen, heads, head_dim = a.shape
+    if out.numel():
+        merge_attention_states_kernel[(batch * seqlen, heads)](
+            a, la, b_, lb, out, lse, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+            lse.stride(2), seqlen, head_dim, H=heads, BLOCK_D=_block_d(head_dim))
+    return (out[0], lse[0]) if packed else (out, lse)

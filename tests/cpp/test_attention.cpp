@@ -88,6 +88,33 @@ TEST(OnlineSoftmax, ScaledStatesMergeLikeTheWholeRow) {
   EXPECT_NEAR(merged.row_sum, want, 1e-6 * want);
 }
 
+TEST(MergeAttentionStates, WeightsFromTheLse) {
+  // Two halves of one row: the merged lse is the whole row's, the weights its shares.
+  const double la = 1.25, lb = -0.5;
+  const flashext::LseMerge m = flashext::merge_lse(float(la), float(lb));
+  const double want = std::log(std::exp(la) + std::exp(lb));
+  EXPECT_NEAR(m.lse, want, 1e-6);
+  EXPECT_NEAR(m.weight_a, std::exp(la - want), 1e-6);
+  EXPECT_NEAR(m.weight_b, std::exp(lb - want), 1e-6);
+  EXPECT_NEAR(m.weight_a + m.weight_b, 1.0, 1e-6);
+  // Huge lse values keep their digits (the max is subtracted before exp).
+  const flashext::LseMerge big = flashext::merge_lse(1.0e4f, 1.0e4f);
+  EXPECT_EQ(big.weight_a, 0.5f);
+  EXPECT_NEAR(big.lse, 1.0e4f + std::log(2.0f), 1e-3);
+  // One side empty: the other as it is; both empty: 0 weights and −inf, never NaN.
+  const flashext::LseMerge one = flashext::merge_lse(-INFINITY, 3.0f);
+  EXPECT_EQ(one.weight_a, 0.0f);
+  EXPECT_EQ(one.weight_b, 1.0f);
+  EXPECT_EQ(one.lse, 3.0f);
+  const flashext::LseMerge none = flashext::merge_lse(-INFINITY, -INFINITY);
+  EXPECT_EQ(none.weight_a, 0.0f);
+  EXPECT_EQ(none.weight_b, 0.0f);
+  EXPECT_TRUE(std::isinf(none.lse) && none.lse < 0);
+  // NaN on either side is not hidden.
+  EXPECT_TRUE(std::isnan(flashext::merge_lse(NAN, 1.0f).lse));
+  EXPECT_TRUE(std::isnan(flashext::merge_lse(1.0f, NAN).lse));
+}
+
 TEST(FlashFwd, CuSeqlensCheckNamesEachFault) {
   using flashext::CuSeqlensError;
   const auto check = [](std::vector<int32_t> cu, int64_t total, int64_t max_seqlen) {

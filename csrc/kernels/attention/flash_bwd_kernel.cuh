@@ -36,6 +36,7 @@
 #include "../common/device.h"
 #include "../common/online_softmax.h"
 #include "../common/ptx.cuh"
+#include "../common/vec.cuh"
 #include "flashext/attention.h"
 #include "tiles.cuh"
 
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(256) flash_bwd_preprocess(const FlashBwdParams
     const T* oe = reinterpret_cast<const T*>(&ov);
     const T* de = reinterpret_cast<const T*>(&dv);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) sum += ptx::to_float(oe[e]) * ptx::to_float(de[e]);
+    for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
     reinterpret_cast<float4*>(accum + c * 8)[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     reinterpret_cast<float4*>(accum + c * 8)[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }

@@ -48,6 +48,21 @@ FX_HOST_DEVICE SoftmaxState merge_softmax_states(SoftmaxState a, SoftmaxState b,
   return {m, a.row_sum * rescale_factor(a.row_max, m, scale_log2) + b.row_sum * rescale_factor(b.row_max, m, scale_log2)};
 }
 
+// Merging two normalised partial results by their natural-log lse (merge_attention_states):
+// weights w_a, w_b (summing to 1) and the merged lse. Both −inf: weights 0 and lse −inf; NaN in
+// either: NaN throughout (the comparison below does not hide it, as fmaxf would).
+struct LseMerge {
+  float weight_a, weight_b, lse;
+};
+
+FX_HOST_DEVICE LseMerge merge_lse(float lse_a, float lse_b) {
+  const float m = lse_a > lse_b ? lse_a : lse_b;  // NaN in lse_b: m is NaN; in lse_a: e^(NaN) below
+  if (m == -INFINITY) return {0.0f, 0.0f, -INFINITY};
+  const float e_a = expf(lse_a - m), e_b = expf(lse_b - m);  // one of them is 1
+  const float sum = e_a + e_b;
+  return {e_a / sum, e_b / sum, m + logf(sum)};
+}
+
 // Natural-log log-sum-exp of a finished row from its log2-unit state; −inf for an empty row.
 FX_HOST_DEVICE float row_lse(SoftmaxState s) {
   return s.row_sum == 0.0f ? -INFINITY : (s.row_max + log2f(s.row_sum)) * kLn2;

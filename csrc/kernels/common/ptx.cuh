@@ -110,10 +110,6 @@ FX_DEVICE int ld_acquire(const int* ptr) {
   return v;
 }
 
-// A 16-bit value as fp32 (exact).
-FX_DEVICE float to_float(__half x) { return __half2float(x); }
-FX_DEVICE float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
 // Two 16-bit ones in one register (an mma operand that sums the other's rows).
 template <typename T>
 FX_DEVICE constexpr uint32_t ones2();
