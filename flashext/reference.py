@@ -216,6 +216,47 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
     return (out, torch.cat(lses, dim=-1)) if return_lse else out
 
 
+def kvcache_positions(cache_seqlens: Tensor, block_table: Tensor | None, page_size: int, length: int,
+                      batch: int) -> tuple[Tensor, Tensor]:
+    """Where token t < length of sequence `batch` lives in a KV cache: (page or batch index, slot).
+    Dense cache (block_table None): (batch, t). Paged: (block_table[batch, t // page_size], t % page_size)."""
+    t = torch.arange(length, device=cache_seqlens.device)
+    if block_table is None:
+        return torch.full_like(t, batch), t
+    return block_table[batch, t // page_size].long(), t % page_size
+
+
+def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+                           k: Tensor | None = None, v: Tensor | None = None, block_table: Tensor | None = None,
+                           return_lse: bool = False, **kwargs):
+    """Attention of q (B, Sq, H, D) over each sequence's KV cache, the definition of
+    flash_attention_with_kvcache: sequence b holds cache_seqlens[b] tokens, in k_cache/v_cache
+    (B, S_max, Hkv, D) rows [0, len) or, paged, in (num_pages, page_size, Hkv, D) pages
+    block_table[b, 0], block_table[b, 1], … (token t at page block_table[b, t // page_size], slot
+    t % page_size). New tokens k, v (B, S_new, Hkv, D), when given, are written into the cache at
+    tokens [len, len + S_new) — in place, into the tensors passed — and attended to as well. The
+    queries are the last Sq positions (bottom-right alignment: causal query i sees key
+    j ≤ i + total − Sq). kwargs: attention()'s (causal, softmax_scale, window_size, softcap,
+    compute_dtype). Returns out (B, Sq, H, D) and with return_lse the lse (B, H, Sq)."""
+    batch = q.shape[0]
+    page_size = k_cache.shape[1]
+    new = 0 if k is None else k.shape[1]
+    outs, lses = [], []
+    for b in range(batch):
+        length = int(cache_seqlens[b])
+        if new:
+            where, slot = kvcache_positions(cache_seqlens, block_table, page_size, length + new, b)
+            k_cache[where[length:], slot[length:]] = k[b]
+            v_cache[where[length:], slot[length:]] = v[b]
+        where, slot = kvcache_positions(cache_seqlens, block_table, page_size, length + new, b)
+        keys, values = k_cache[where, slot][None], v_cache[where, slot][None]  # (1, total, Hkv, D)
+        result = attention(q[b:b + 1], keys, values, return_lse=True, **kwargs)
+        outs.append(result[0])
+        lses.append(result[1])
+    out, lse = torch.cat(outs), torch.cat(lses)
+    return (out, lse) if return_lse else out
+
+
 def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
     """The attention over two disjoint key sets from each one's normalised output and natural-log
     lse (o (B, S, H, D) with lse (B, H, S), or (total, H, D) with (H, total)), in float64:

@@ -446,3 +446,134 @@ def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tenso
             a, la, b_, lb, out, lse, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
             lse.stride(2), seqlen, head_dim, H=heads, BLOCK_D=_block_d(head_dim))
     return (out[0], lse[0]) if packed else (out, lse)
+
+
+# ---- decode and KV caches ---------------------------------------------------------------------------
+
+
+@triton.jit
+def attention_kvcache_split_kernel(
+    Q, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, O_PART, LSE_PART,
+    stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_bt, seqlen_q, seqlen_new, head_dim, page_size, split_keys, scale, scale_log2, softcap, window_left,
+    window_right, batch,
+    H: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):
+    """Program (row block, batch · Hkv + kv_head, split): rows are (query position, query head of the
+    group) pairs, the group's heads packed together so a KV byte is read once per KV head. Keys are
+    the split's range [split · split_keys, (split + 1) · split_keys) of the sequence's
+    cache_seqlens[b] + seqlen_new tokens, gathered through the page table when PAGED. Writes the
+    split's normalised partial output and lse (merged across splits afterwards)."""
+    row_block = tl.program_id(0)
+    b = tl.program_id(1) // (H // GROUP)
+    kv_head = tl.program_id(1) % (H // GROUP)
+    split = tl.program_id(2)
+    total_k = tl.load(CACHE_SEQLENS + b) + seqlen_new
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    query = rows // GROUP  # query position
+    head = kv_head * GROUP + rows % GROUP
+    row_valid = query < seqlen_q
+    offs_d = tl.arange(0, BLOCK_D)
+    d_valid = offs_d < head_dim
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + query[:, None] * stride_qs + head[:, None] * stride_qh
+                + offs_d[None, :], mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+    diag = total_k - seqlen_q  # bottom-right: the last query sits at the last key
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc_o = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    n_lo = split * split_keys
+    n_hi = tl.minimum(n_lo + split_keys, total_k)
+    for n_start in range(n_lo, n_hi, BLOCK_N):
+        offs_n = n_start + tl.arange(0, BLOCK_N)
+        col_valid = offs_n < n_hi
+        if PAGED:  # token t at page block_table[b, t // page_size], slot t % page_size
+            page = tl.load(BLOCK_TABLE + b * stride_bt + offs_n // page_size, mask=col_valid, other=0).to(tl.int64)
+            k_rows = page * stride_kp + (offs_n % page_size) * stride_ks
+            v_rows = page * stride_vp + (offs_n % page_size) * stride_vs
+        else:
+            k_rows = b.to(tl.int64) * stride_kp + offs_n * stride_ks
+            v_rows = b.to(tl.int64) * stride_vp + offs_n * stride_vs
+        kv_mask = col_valid[:, None] & d_valid[None, :]
+        k = tl.load(K_CACHE + k_rows[:, None] + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V_CACHE + v_rows[:, None] + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        if DOT_IN_FP32:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k))
+        if HAS_SOFTCAP:
+            one_plus_t, _ = tanh_parts(s * (scale / softcap))
+            s = softcap * (one_plus_t - 1.0) * kLog2e
+        else:
+            s = s * scale_log2
+        visible = col_valid[None, :] & ((window_left < 0) | (offs_n[None, :] >= query[:, None] + diag - window_left))
+        visible = visible & ((window_right < 0) | (offs_n[None, :] <= query[:, None] + diag + window_right))
+        s = tl.where(visible, s, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(s, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        p = tl.exp2(s - safe_max[:, None])
+        alpha = tl.exp2(row_max - safe_max)
+        p_v = to_dtype(p, v.dtype)
+        row_sum = row_sum * alpha + tl.sum(p_v.to(tl.float32), axis=1)  # the values P V multiplies
+        if DOT_IN_FP32:
+            acc_o = acc_o * alpha[:, None] + tl.dot(p_v.to(tl.float32), v.to(tl.float32))
+        else:
+            acc_o = acc_o * alpha[:, None] + tl.dot(p_v, v)
+        row_max = new_max
+    empty = row_sum == 0.0
+    out = acc_o / tl.where(empty, 1.0, row_sum)[:, None]
+    lse = tl.where(empty, float("-inf"), (row_max + tl.log2(tl.where(empty, 1.0, row_sum))) * kLn2)
+    # partials: o (splits, B, Sq, H, D) fp32, lse (splits, B, H, Sq)
+    part = (split * batch + b).to(tl.int64)
+    tl.store(O_PART + ((part * seqlen_q + query[:, None]) * H + head[:, None]) * head_dim + offs_d[None, :], out,
+             mask=row_valid[:, None] & d_valid[None, :])
+    tl.store(LSE_PART + (part * H + head) * seqlen_q + query, lse, mask=row_valid)
+
+
+def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+                           k: Tensor | None = None, v: Tensor | None = None, block_table: Tensor | None = None,
+                           causal: bool = False, softmax_scale: float | None = None,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, num_splits: int = 1,
+                           block_m: int = 16, block_n: int = 32) -> tuple[Tensor, Tensor]:
+    """(out (B, Sq, H, D), lse (B, H, Sq)) of flashext.reference.attention_with_kvcache: new k, v are
+    appended into the cache first (in place), then num_splits programs per row block each attend
+    to a range of the keys, and their partial results are merged by their lse."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    heads_kv = k_cache.shape[2]
+    page_size = k_cache.shape[1]
+    seqlen_new = 0 if k is None else k.shape[1]
+    if seqlen_new:  # the append: token len + t of sequence b
+        from flashext.reference import kvcache_positions
+        for b in range(batch):
+            length = int(cache_seqlens[b])
+            where, slot = kvcache_positions(cache_seqlens, block_table, page_size, length + seqlen_new, b)
+            k_cache[where[length:], slot[length:]] = k[b]
+            v_cache[where[length:], slot[length:]] = v[b]
+    paged = block_table is not None
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
+    split_keys = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
+    group = heads // heads_kv
+    o_part = torch.empty(num_splits, batch, seqlen_q, heads, head_dim, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(num_splits, batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
+    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
+    left, right = window_size
+    if causal:
+        right = 0
+    grid = (triton.cdiv(seqlen_q * group, block_m), batch * heads_kv, num_splits)
+    attention_kvcache_split_kernel[grid](
+        q, k_cache, v_cache, cache_seqlens, block_table if paged else cache_seqlens, o_part, lse_part,
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0) if paged else 0,
+        seqlen_q, seqlen_new, head_dim, page_size, split_keys, scale, scale * math.log2(math.e), softcap, left, right,
+        batch,
+        H=heads, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim), PAGED=paged,
+        HAS_SOFTCAP=softcap > 0, DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16,
+    )
+    # merge the splits by their lse (merge_attention_states, N-way)
+    lse = torch.logsumexp(lse_part, dim=0)
+    safe = torch.where(torch.isneginf(lse), 0.0, lse)
+    weights = torch.where(torch.isneginf(lse_part), 0.0, torch.exp(lse_part - safe))  # (splits, B, H, Sq)
+    w = weights.transpose(-1, -2)[..., None]  # (splits, B, Sq, H, 1)
+    out = torch.where(w == 0, 0.0, w * o_part).sum(0)  # an empty split contributes nothing
+    return out.to(q.dtype), lse
