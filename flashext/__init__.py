@@ -12,8 +12,8 @@ formula, so it works in eager mode, under autograd, torch.compile(fullgraph=True
 __version__ = "0.1.0"
 
 from ._build import build_info
-from .attention import (flash_attention, flash_attention_varlen, merge_attention_states,
-                        scaled_dot_product_attention)
+from .attention import (flash_attention, flash_attention_varlen, flash_attention_with_kvcache,
+                        merge_attention_states, scaled_dot_product_attention)
 from .softmax import online_softmax
 from .gelu import bias_gelu, fused_add_gelu
 
@@ -25,6 +25,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_varlen",
     "scaled_dot_product_attention",
+    "flash_attention_with_kvcache",
     "merge_attention_states",
     "online_softmax",
 ]

@@ -89,6 +89,30 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     return out.transpose(1, 2)
 
 
+def flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+                                 k: Tensor | None = None, v: Tensor | None = None, block_table: Tensor | None = None,
+                                 causal: bool = False, softmax_scale: float | None = None,
+                                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, num_splits: int = 0,
+                                 return_lse: bool = False):
+    """Attention of q (B, Sq, H, D) over each sequence's KV cache, in flash-attn's spirit (decode:
+    Sq = 1; speculative or chunked prefill: a few hundred). Definition:
+    flashext.reference.attention_with_kvcache.
+
+    k_cache, v_cache: dense (B, capacity, Hkv, D), or paged (num_pages, page_size, Hkv, D) with
+    block_table (B, pages_per_seq) int32 (any page size from 1). cache_seqlens (B,) int32 on the
+    device: tokens already cached. k, v (B, S_new, Hkv, D): new tokens, written into the caches in
+    place at each sequence's length, then attended too. The queries are the last Sq positions
+    (causal and windows aligned bottom-right). Masks and options as flash_attention. num_splits:
+    how many blocks share a sequence's keys (0: chosen from the shapes and the GPU, never from the
+    device-side lengths, so no host sync: CUDA-graph safe). Lengths past the cache's capacity are
+    clamped, and page ids outside the cache are clamped into it: nothing is read or written outside
+    the caches. Not differentiable (inference).
+    """
+    out, lse = _ops.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
+                                            softmax_scale, window_size[0], window_size[1], softcap, num_splits)
+    return (out, lse) if return_lse else out
+
+
 def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
     """Attention over the union of two disjoint key sets from each set's result: (o, lse) with
     lse = log(e^lse_a + e^lse_b) and o = e^(lse_a − lse)·o_a + e^(lse_b − lse)·o_b, in fp32.

@@ -35,6 +35,12 @@ TORCH_LIBRARY(flashext, m) {
       "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal=False, "
       "float? softmax_scale=None, int window_left=-1, int window_right=-1, float softcap=0.0, "
       "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
+  // attention over KV caches (dense or paged via block_table); k, v (new tokens) are written into
+  // the caches at each sequence's length first; out like q, lse (B, H, Sq)
+  m.def(
+      "flash_attn_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
+      "Tensor? k=None, Tensor? v=None, Tensor? block_table=None, bool causal=False, float? softmax_scale=None, "
+      "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0) -> (Tensor, Tensor)");
   // (o, lse) of attention over two disjoint key sets from each one's (o, lse): o (B, S, H, D) or
   // (total, H, D), lse (B, H, S) or (H, total), natural log
   m.def("merge_attention_states(Tensor o_a, Tensor lse_a, Tensor o_b, Tensor lse_b) -> (Tensor, Tensor)");

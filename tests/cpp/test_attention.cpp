@@ -115,6 +115,28 @@ TEST(MergeAttentionStates, WeightsFromTheLse) {
   EXPECT_TRUE(std::isnan(flashext::merge_lse(1.0f, NAN).lse));
 }
 
+TEST(FlashDecode, SplitsFromShapesOnly) {
+  // 32 query heads on 8 KV heads, decode: batch 1 x 32K keys fills 132 SMs only with splits.
+  const int one_long = flashext::flash_decode_num_splits(1, 32, 8, 1, 32768, 128, 132);
+  EXPECT_GE(one_long, 16);
+  EXPECT_LE(one_long, 64);
+  // 128 sequences x 8 KV heads are 1024 blocks already: no split.
+  EXPECT_EQ(flashext::flash_decode_num_splits(128, 32, 8, 1, 2048, 128, 132), 1);
+  // Short caches are not split below 256 keys a split.
+  EXPECT_EQ(flashext::flash_decode_num_splits(1, 8, 8, 1, 300, 128, 132), 1);
+  EXPECT_LE(flashext::flash_decode_num_splits(1, 8, 8, 1, 1024, 128, 132), 4);
+  // Degenerate shapes: one split.
+  EXPECT_EQ(flashext::flash_decode_num_splits(0, 8, 8, 1, 1024, 128, 132), 1);
+  EXPECT_EQ(flashext::flash_decode_num_splits(1, 8, 8, 1, 1024, 128, 0), 1);
+  flashext::FlashDecodeParams p;
+  p.batch = 2, p.seqlen_q = 1, p.heads = 8, p.head_dim = 128, p.num_splits = 1;
+  EXPECT_EQ(flashext::flash_decode_workspace_bytes(p), 0u);  // one split writes the output itself
+  p.num_splits = 4;
+  EXPECT_EQ(flashext::flash_decode_workspace_bytes(p), size_t(4 * 2 * 8) * (128 + 1) * 4);
+  p.heads_kv = 2;  // no cache_seqlens: refused before any launch
+  EXPECT_EQ(flashext::run_flash_decode(p, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
 TEST(FlashFwd, CuSeqlensCheckNamesEachFault) {
   using flashext::CuSeqlensError;
   const auto check = [](std::vector<int32_t> cu, int64_t total, int64_t max_seqlen) {

@@ -96,6 +96,61 @@ int flash_bwd_smem_bytes(int head_dim, int max_smem_per_block = 0);
 
 cudaError_t run_flash_bwd(const FlashBwdParams& params, void* workspace, cudaStream_t stream);
 
+// Attention over KV caches (decode, speculative or chunked prefill): q (B, Sq, H, D) against each
+// sequence's cache_seqlens[b] + seqlen_new cached tokens, the queries aligned bottom-right.
+// Caches: dense (B, capacity, Hkv, D), or paged (num_pages, page_size, Hkv, D) with block_table
+// (B, pages_per_seq) int32 (token t at page block_table[b, t / page_size], slot t % page_size).
+// The seqlen_new new tokens are written into the caches first (run_kvcache_append) and attended.
+// The query heads of a KV head are one block's rows, so a cached byte is read once per KV head;
+// num_splits blocks share each sequence's keys (split-KV), their partial results merged by lse.
+struct FlashDecodeParams {
+  const void* q = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // (B, H, Sq), may be null
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+  void* k_cache = nullptr;  // written only by run_kvcache_append
+  void* v_cache = nullptr;
+  // Strides in elements: per sequence (dense) or per page (paged), per token, per head.
+  int64_t k_page_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_page_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  const int32_t* cache_seqlens = nullptr;  // (B,), on the device: tokens before this call's new ones
+  const int32_t* block_table = nullptr;    // null: dense caches
+  int64_t block_table_stride = 0;
+  int num_pages = 0;  // paged: page ids are clamped into [0, num_pages), so no table reaches outside
+  int page_size = 0;  // paged: tokens per page; dense: the capacity
+  int capacity = 0;   // tokens a sequence's cache holds (longer lengths are clamped to it)
+  int seqlen_new = 0;
+  int batch = 0, heads = 0, heads_kv = 0, head_dim = 0, seqlen_q = 0;
+  float softmax_scale = 0.0f;
+  float softcap = 0.0f;
+  int window_left = -1, window_right = -1;  // causal is window_right = 0
+  int num_splits = 1;
+  DType dtype = DType::kBFloat16;
+};
+
+// Splits of each sequence's keys for this shape on a GPU of sm_count SMs: enough blocks for about
+// two per SM, each split at least 256 keys, at most 64. Shapes only: no device values, no sync.
+int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, int capacity, int head_dim,
+                            int sm_count);
+
+size_t flash_decode_workspace_bytes(const FlashDecodeParams& params);
+
+cudaError_t run_flash_decode(const FlashDecodeParams& params, void* workspace, cudaStream_t stream);
+
+// Writes new tokens k, v (B, seqlen_new, Hkv, D; element strides) into the caches of `cache` at
+// tokens cache_seqlens[b] + [0, seqlen_new); positions past the capacity are dropped (never written
+// outside the caches).
+struct KvAppendParams {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+};
+
+cudaError_t run_kvcache_append(const FlashDecodeParams& cache, const KvAppendParams& append, cudaStream_t stream);
+
 // What is wrong with a host copy of varlen offsets cu[0 .. n) for a packed tensor of `total` rows
 // and sequences of at most max_seqlen rows (the kernel clamps bad offsets, so this is about
 // correct results, not memory safety). kOk also tells whether the sequences cover every row.

@@ -1,0 +1,410 @@
+// flashext attention over KV caches (flashext/attention.h, FlashDecodeParams): decode, speculative
+// and chunked-prefill query blocks against dense or paged caches, split-KV with an lse merge.
+//
+// Main kernel. Grid: (row blocks × splits, Hkv, B); block: 4 warps × 16 rows. A block's rows are
+// (query position i, query head g of the KV head's group) pairs, r = i · group + g, so the group's
+// heads share every K/V tile (a cached byte is read once per KV head and row block: once, for
+// decode). Each block walks the key tiles of its split, [split · split_keys, ... + split_keys)
+// ∩ [0, cache_seqlens[b] + seqlen_new), tiles gathered row by row through the page table
+// (load_rows), double-buffered by cp.async: the FA2 loop of flash_fwd_kernel.cuh with one m16 row
+// tile per warp. Row sums add the 16-bit P that P V multiplies. One split writes o and lse itself;
+// more write fp32 partials that flash_decode_combine merges by their lse.
+//
+//   D     rows × keys   shared memory (Q + 2 × (K, V))   registers: S + acc_o per thread
+//   64    64 × 64       8 + 2·2·8  = 40 KiB               32 + 32
+//   128   64 × 64       16 + 2·2·16 = 80 KiB              32 + 64
+//   256   64 × 32       32 + 2·2·16 = 96 KiB              16 + 128
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "../common/device.h"
+#include "../common/online_softmax.h"
+#include "../common/ptx.cuh"
+#include "../common/vec.cuh"
+#include "flashext/attention.h"
+#include "tiles.cuh"
+
+namespace flashext {
+namespace attention_detail {
+namespace {
+
+template <int kHeadDim_>
+struct DecodeConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kNWarps = 4;
+  static constexpr int kThreads = 32 * kNWarps;
+  static constexpr int kBlockM = 16 * kNWarps;  // rows: (query, group head) pairs
+  static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
+  static constexpr int kChunks = kHeadDim / 8;
+  static constexpr int kTileQ = kBlockM * kHeadDim;
+  static constexpr int kTileKV = kBlockN * kHeadDim;
+  static constexpr int kSmemBytes = (kTileQ + 4 * kTileKV) * 2;
+  static_assert(kBlockN % (kThreads / kChunks) == 0 && kBlockM % (kThreads / kChunks) == 0, "whole copy passes");
+};
+
+constexpr int kMaxSplits = 64;
+
+FX_DEVICE int decode_total_keys(const FlashDecodeParams& p, int b) {
+  return min(max(p.cache_seqlens[b], 0) + p.seqlen_new, p.capacity);
+}
+
+// The cache row of token t of sequence b (dense: row t of sequence b; paged: through the table,
+// page ids clamped so that no table reaches outside the cache).
+FX_DEVICE int64_t cache_row(const FlashDecodeParams& p, int b, int t, int64_t page_stride, int64_t row_stride) {
+  if (p.block_table == nullptr) return int64_t(b) * page_stride + int64_t(t) * row_stride;
+  const int page = min(max(p.block_table[int64_t(b) * p.block_table_stride + t / p.page_size], 0), p.num_pages - 1);
+  return int64_t(page) * page_stride + int64_t(t % p.page_size) * row_stride;
+}
+
+template <typename T, typename Config>
+__global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const FlashDecodeParams p, float* o_part,
+                                                                        float* lse_part) {
+  constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
+  constexpr int kNTiles = kBlockN / 8, kDTiles = kHeadDim / 8;
+  constexpr uint32_t kRowBytes = 2 * kHeadDim;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* smem_q = reinterpret_cast<T*>(smem_raw);
+  T* smem_k = smem_q + Config::kTileQ;  // 2 buffers
+  T* smem_v = smem_k + 2 * Config::kTileKV;  // 2 buffers
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group_id = lane / 4, quad = lane % 4;
+  const int group = p.heads / p.heads_kv;
+  const int row_blocks = (group * p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int row_block = blockIdx.x % row_blocks, split = blockIdx.x / row_blocks;
+  const int kv_head = blockIdx.y, b = blockIdx.z;
+  const int total = decode_total_keys(p, b);
+  const int split_keys = ((p.capacity + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
+  const int diag = total - p.seqlen_q;  // bottom-right: the last query sits at the last key
+  const int row0 = row_block * kBlockM;
+  // Keys this block's rows can see: the split's range, narrowed by causal / window bounds of the
+  // first and last query positions among its rows.
+  const int i_first = row0 / group, i_last = min(row0 + kBlockM - 1, group * p.seqlen_q - 1) / group;
+  int n_lo = split * split_keys, n_hi = min(n_lo + split_keys, total);
+  if (p.window_left >= 0) n_lo = max(n_lo, (i_first + diag - p.window_left) / kBlockN * kBlockN);
+  if (p.window_right >= 0) n_hi = min(n_hi, i_last + diag + p.window_right + 1);
+  const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
+
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k_cache);
+  const T* v = static_cast<const T*>(p.v_cache);
+  const auto q_row = [&](int r) -> const T* {
+    const int row = row0 + r, i = row / group;
+    if (i >= p.seqlen_q) return nullptr;
+    return q + int64_t(b) * p.q_batch_stride + int64_t(i) * p.q_row_stride +
+           int64_t(kv_head * group + row % group) * p.q_head_stride;
+  };
+  const auto load_kv = [&](int buffer, int n) {
+    load_rows<Config, kBlockN>(smem_k + buffer * Config::kTileKV, [&](int r) -> const T* {
+      return n + r < n_hi ? k + cache_row(p, b, n + r, p.k_page_stride, p.k_row_stride) + kv_head * p.k_head_stride
+                          : nullptr;
+    }, p.head_dim, k);
+    load_rows<Config, kBlockN>(smem_v + buffer * Config::kTileKV, [&](int r) -> const T* {
+      return n + r < n_hi ? v + cache_row(p, b, n + r, p.v_page_stride, p.v_row_stride) + kv_head * p.v_head_stride
+                          : nullptr;
+    }, p.head_dim, v);
+  };
+
+  const bool softcap_on = p.softcap > 0.0f;
+  const float score_scale = softcap_on ? kLog2e : p.softmax_scale * kLog2e;
+  const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  float acc_o[kDTiles][4];
+#pragma unroll
+  for (int t = 0; t < kDTiles; ++t) acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.0f;
+
+  if (num_n_blocks > 0) {
+    load_rows<Config, kBlockM>(smem_q, q_row, p.head_dim, q);
+    load_kv(0, n_lo);
+  }
+  ptx::cp_async_commit();
+
+  const uint32_t q_base = ptx::smem_addr(smem_q) + 2 * swizzled<kHeadDim>(16 * warp + lane % 16, lane / 16);
+  const uint32_t k_base0 = ptx::smem_addr(smem_k) + 2 * swizzled<kHeadDim>(lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+  const uint32_t v_base0 = ptx::smem_addr(smem_v) + 2 * swizzled<kHeadDim>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
+  // This thread's two rows (group_id, group_id + 8 of the warp's 16) as query positions.
+  int row_query[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_query[r] = (row0 + 16 * warp + group_id + 8 * r) / group;
+
+  for (int it = 0; it < num_n_blocks; ++it) {
+    const int n_start = n_lo + it * kBlockN, buffer = it % 2;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // this tile is in; every warp is done with the other buffer
+    if (it + 1 < num_n_blocks) load_kv(buffer ^ 1, n_start + kBlockN);
+    ptx::cp_async_commit();
+    const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
+    const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
+
+    float s[kNTiles][4];
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t q_frag[4];
+      ptx::ldmatrix_x4(q_frag, swizzled_chunk_addr(q_base, 2 * kk));
+#pragma unroll
+      for (int jp = 0; jp < kNTiles / 2; ++jp) {
+        uint32_t k_frag[4];
+        ptx::ldmatrix_x4(k_frag, swizzled_chunk_addr(k_base, 2 * kk) + 16 * jp * kRowBytes);
+        ptx::mma_16816<T>(s[2 * jp], q_frag, k_frag[0], k_frag[1]);
+        ptx::mma_16816<T>(s[2 * jp + 1], q_frag, k_frag[2], k_frag[3]);
+      }
+    }
+    if (softcap_on) {
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = p.softcap * tanhf(s[j][e] * cap_scale);
+    }
+    // Mask: keys past the range, and per row the causal / window bounds of its query position.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = row_query[r];
+      const int right = min(n_hi, p.window_right < 0 ? n_hi : i + diag + p.window_right + 1);
+      const int left = p.window_left < 0 ? 0 : i + diag - p.window_left;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = n_start + 8 * j + 2 * quad + e;
+          if (key >= right || key < left) s[j][2 * r + e] = -INFINITY;
+        }
+      }
+    }
+    // Online softmax per row (its 4 owners are one lane quad); P rounded to T, summed as rounded.
+    uint32_t p16[kNTiles][2];
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[r], tile_max);
+      alpha[r] = rescale_factor(row_max[r], new_max, score_scale);
+      const float base = safe_row_max(new_max) * score_scale;
+      float tile_sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        p16[j][r] = ptx::pack2<T>(ptx::exp2_approx(fmaf(s[j][2 * r], score_scale, -base)),
+                                  ptx::exp2_approx(fmaf(s[j][2 * r + 1], score_scale, -base)));
+        const Pack<T, 2> pair = *reinterpret_cast<const Pack<T, 2>*>(&p16[j][r]);
+        tile_sum += to_float(pair.elem[0]) + to_float(pair.elem[1]);
+      }
+      row_sum[r] = row_sum[r] * alpha[r] + tile_sum;
+      row_max[r] = new_max;
+    }
+#pragma unroll
+    for (int t = 0; t < kDTiles; ++t) {
+      acc_o[t][0] *= alpha[0];
+      acc_o[t][1] *= alpha[0];
+      acc_o[t][2] *= alpha[1];
+      acc_o[t][3] *= alpha[1];
+    }
+    // O += P V
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t p_frag[4] = {p16[2 * kk][0], p16[2 * kk][1], p16[2 * kk + 1][0], p16[2 * kk + 1][1]};
+#pragma unroll
+      for (int tp = 0; tp < kDTiles / 2; ++tp) {
+        uint32_t v_frag[4];
+        ptx::ldmatrix_x4_trans(v_frag, swizzled_chunk_addr(v_base, 2 * tp) + 16 * kk * kRowBytes);
+        ptx::mma_16816<T>(acc_o[2 * tp], p_frag, v_frag[0], v_frag[1]);
+        ptx::mma_16816<T>(acc_o[2 * tp + 1], p_frag, v_frag[2], v_frag[3]);
+      }
+    }
+  }
+  ptx::cp_async_wait<0>();  // nothing in flight at exit
+
+  // Epilogue: this thread's rows; one split writes o and lse, more write fp32 partials.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float total_sum = row_sum[r];
+    total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 1);
+    total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 2);
+    const int row = row0 + 16 * warp + group_id + 8 * r, i = row / group;
+    if (i >= p.seqlen_q) continue;
+    const int head = kv_head * group + row % group;
+    const float inv = total_sum > 0.0f ? 1.0f / total_sum : 0.0f;
+    const float lse = row_lse({row_max[r] * score_scale, total_sum});
+    if (p.num_splits == 1) {
+      T* o = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
+             int64_t(head) * p.o_head_stride;
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) {
+        const int col = 8 * t + 2 * quad;
+        if (col < p.head_dim) {
+          *reinterpret_cast<uint32_t*>(o + col) = ptx::pack2<T>(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);
+        }
+      }
+      if (p.lse != nullptr && quad == 0) {
+        p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] = lse;
+      }
+    } else {
+      // partials: o (splits, B, Sq, H, D), lse (splits, B, H, Sq)
+      const int64_t part = int64_t(split) * p.batch + b;
+      float* o = o_part + ((part * p.seqlen_q + i) * p.heads + head) * p.head_dim;
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) {
+        const int col = 8 * t + 2 * quad;
+        if (col < p.head_dim) {
+          *reinterpret_cast<float2*>(o + col) = make_float2(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);
+        }
+      }
+      if (quad == 0) lse_part[(part * p.heads + head) * p.seqlen_q + i] = lse;
+    }
+  }
+}
+
+// o and lse from the splits' partials: lse = log Σ_s e^lse_s, o = Σ_s e^(lse_s − lse) o_s (a split
+// that saw no key has weight 0). One thread per 8 elements of a (batch, query, head) row.
+template <typename T>
+__global__ void __launch_bounds__(256) flash_decode_combine(const FlashDecodeParams p, const float* o_part,
+                                                            const float* lse_part) {
+  const int chunks = p.head_dim / 8;
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= int64_t(p.batch) * p.seqlen_q * p.heads * chunks) return;
+  const int c = int(id % chunks), head = int((id / chunks) % p.heads);
+  const int i = int((id / chunks / p.heads) % p.seqlen_q), b = int(id / chunks / p.heads / p.seqlen_q);
+  const int64_t split_stride = int64_t(p.batch) * p.heads * p.seqlen_q;
+  const float* lse_s = lse_part + (int64_t(b) * p.heads + head) * p.seqlen_q + i;
+  float m = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, lse_s[s * split_stride]);
+  float out[8] = {};
+  float lse = -INFINITY;
+  if (m != -INFINITY) {
+    float sum = 0.0f;
+    for (int s = 0; s < p.num_splits; ++s) sum += expf(lse_s[s * split_stride] - m);
+    lse = m + logf(sum);
+    const int64_t o_split_stride = split_stride * p.head_dim;
+    const float* o_s = o_part + ((int64_t(b) * p.seqlen_q + i) * p.heads + head) * p.head_dim + c * 8;
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float w = expf(lse_s[s * split_stride] - lse);
+      if (w == 0.0f) continue;
+      const float4 lo = reinterpret_cast<const float4*>(o_s + s * o_split_stride)[0];
+      const float4 hi = reinterpret_cast<const float4*>(o_s + s * o_split_stride)[1];
+      out[0] += w * lo.x, out[1] += w * lo.y, out[2] += w * lo.z, out[3] += w * lo.w;
+      out[4] += w * hi.x, out[5] += w * hi.y, out[6] += w * hi.z, out[7] += w * hi.w;
+    }
+  }
+  Pack<T, 8> packed;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) packed.elem[e] = from_float<T>(out[e]);
+  T* o = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
+         int64_t(head) * p.o_head_stride;
+  store_pack<T, 8>(o, c, packed);
+  if (p.lse != nullptr && c == 0) p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] = lse;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) kvcache_append_kernel(const FlashDecodeParams p, const KvAppendParams a) {
+  const int chunks = p.head_dim / 8;
+  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= int64_t(p.batch) * p.seqlen_new * p.heads_kv * chunks) return;
+  const int c = int(id % chunks), h = int((id / chunks) % p.heads_kv);
+  const int t = int((id / chunks / p.heads_kv) % p.seqlen_new), b = int(id / chunks / p.heads_kv / p.seqlen_new);
+  const int pos = max(p.cache_seqlens[b], 0) + t;
+  if (pos >= p.capacity) return;  // past the cache: dropped, never written outside it
+  const int64_t src_k = int64_t(b) * a.k_batch_stride + int64_t(t) * a.k_row_stride + int64_t(h) * a.k_head_stride;
+  const int64_t src_v = int64_t(b) * a.v_batch_stride + int64_t(t) * a.v_row_stride + int64_t(h) * a.v_head_stride;
+  T* k = static_cast<T*>(p.k_cache) + cache_row(p, b, pos, p.k_page_stride, p.k_row_stride) + h * p.k_head_stride;
+  T* v = static_cast<T*>(p.v_cache) + cache_row(p, b, pos, p.v_page_stride, p.v_row_stride) + h * p.v_head_stride;
+  store_pack<T, 8>(k, c, load_pack<T, 8>(static_cast<const T*>(a.k) + src_k, c));
+  store_pack<T, 8>(v, c, load_pack<T, 8>(static_cast<const T*>(a.v) + src_v, c));
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_decode(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
+  using Config = DecodeConfig<kHeadDim>;
+  auto kernel = flash_decode_kernel<T, Config>;
+  FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
+  const int group = p.heads / p.heads_kv;
+  const int row_blocks = (group * p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
+  float* o_part = static_cast<float*>(workspace);
+  float* lse_part = o_part == nullptr ? nullptr
+                                      : o_part + int64_t(p.num_splits) * p.batch * p.seqlen_q * p.heads * p.head_dim;
+  const dim3 grid(unsigned(row_blocks * p.num_splits), unsigned(p.heads_kv), unsigned(p.batch));
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, o_part, lse_part);
+  FX_RETURN_IF_ERROR(cudaGetLastError());
+  if (p.num_splits > 1) {
+    const int64_t threads = int64_t(p.batch) * p.seqlen_q * p.heads * (p.head_dim / 8);
+    flash_decode_combine<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, o_part, lse_part);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t dispatch_decode(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
+  switch (flash_fwd_kernel_head_dim(p.head_dim)) {
+    case 64: return launch_decode<T, 64>(p, workspace, stream);
+    case 128: return launch_decode<T, 128>(p, workspace, stream);
+    case 256: return launch_decode<T, 256>(p, workspace, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+bool decode_params_ok(const FlashDecodeParams& p) {
+  return p.batch >= 0 && p.heads > 0 && p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q >= 0 &&
+         p.seqlen_new >= 0 && p.capacity >= 0 && flash_fwd_kernel_head_dim(p.head_dim) != 0 &&
+         p.cache_seqlens != nullptr && p.num_splits >= 1 && p.num_splits <= kMaxSplits &&
+         (p.block_table == nullptr || (p.page_size > 0 && p.num_pages > 0));
+}
+
+}  // namespace
+}  // namespace attention_detail
+
+int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, int capacity, int head_dim,
+                            int sm_count) {
+  using namespace attention_detail;
+  if (batch <= 0 || heads_kv <= 0 || heads % heads_kv != 0 || seqlen_q <= 0 || capacity <= 0 || sm_count <= 0) {
+    return 1;
+  }
+  (void)head_dim;  // every head dim's block has 64 rows
+  const int64_t row_blocks = (int64_t(heads / heads_kv) * seqlen_q + 63) / 64;
+  const int64_t blocks = int64_t(batch) * heads_kv * row_blocks;
+  const int64_t wanted = (2 * int64_t(sm_count) + blocks - 1) / blocks;  // about two blocks per SM
+  const int64_t by_length = std::max<int64_t>(1, capacity / 256);      // splits of at least 256 keys
+  return int(std::clamp<int64_t>(std::min(wanted, by_length), 1, kMaxSplits));
+}
+
+size_t flash_decode_workspace_bytes(const FlashDecodeParams& p) {
+  if (p.num_splits <= 1) return 0;
+  const int64_t rows = int64_t(p.num_splits) * p.batch * p.seqlen_q * p.heads;
+  return size_t(rows * p.head_dim + rows) * sizeof(float);
+}
+
+cudaError_t run_flash_decode(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
+  using namespace attention_detail;
+  if (!decode_params_ok(p) || (p.num_splits > 1 && workspace == nullptr)) return cudaErrorInvalidValue;
+  if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kFloat16: return dispatch_decode<__half>(p, workspace, stream);
+    case DType::kBFloat16: return dispatch_decode<__nv_bfloat16>(p, workspace, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t run_kvcache_append(const FlashDecodeParams& p, const KvAppendParams& a, cudaStream_t stream) {
+  using namespace attention_detail;
+  if (!decode_params_ok(p) || a.k == nullptr || a.v == nullptr) return cudaErrorInvalidValue;
+  const int64_t threads = int64_t(p.batch) * p.seqlen_new * p.heads_kv * (p.head_dim / 8);
+  if (threads == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kFloat16:
+      kvcache_append_kernel<__half><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, a);
+      break;
+    case DType::kBFloat16:
+      kvcache_append_kernel<__nv_bfloat16><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, a);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace flashext

@@ -1,0 +1,181 @@
+"""flashext.flash_attention_with_kvcache against flashext.reference.attention_with_kvcache (GPU):
+dense and paged caches (page sizes 1 … 257, shuffled tables), appended tokens across page
+boundaries, cache lengths 0, 1 and page boundaries ± 1, GQA 1 … 32, Sq from 1 (decode) to 128,
+every split count equal to unsplit within the rule, masks and options, CUDA graphs, opcheck,
+torch.compile; bad input on meta and CUDA."""
+
+import pytest
+import torch
+
+import flashext
+from flashext import reference as ref
+from flashext.testing import assert_close
+from tests.helpers import CHECK_DEVICES, HALF_DTYPES, HALF_IDS, randn, requires_cuda
+
+
+def paged(cache, page_size, generator):
+    """The same (B, capacity, Hkv, D) cache as shuffled pages of page_size tokens, and the table."""
+    batch, capacity = cache.shape[:2]
+    pages_per_seq = -(-capacity // page_size)
+    num_pages = batch * pages_per_seq + 5
+    table = torch.randperm(num_pages, generator=generator)[: batch * pages_per_seq].view(batch, pages_per_seq)
+    pages = torch.randn(num_pages, page_size, *cache.shape[2:], generator=generator).to(cache.dtype).to(cache.device)
+    t = torch.arange(capacity)
+    for b in range(batch):
+        pages[table[b, t // page_size].to(cache.device), (t % page_size).to(cache.device)] = cache[b]
+    return pages, table.int().to(cache.device)
+
+
+def check(q, k_cache, v_cache, lens, k=None, v=None, block_table=None, num_splits=0, **kwargs):
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want, want_lse = ref.attention_with_kvcache(q, want_k, want_v, lens, k, v, block_table, return_lse=True, **kwargs)
+    base = ref.attention_with_kvcache(q, k_cache.clone(), v_cache.clone(), lens, k, v, block_table,
+                                      compute_dtype=q.dtype, **kwargs)
+    out, lse = flashext.flash_attention_with_kvcache(q, k_cache, v_cache, lens, k, v, block_table,
+                                                     num_splits=num_splits, return_lse=True, **kwargs)
+    assert_close(f"kvcache out splits={num_splits} {kwargs}", out, want, base)
+    finite = torch.isfinite(want_lse)
+    torch.testing.assert_close(lse[finite], want_lse[finite], rtol=1e-3, atol=1e-3)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(want_lse))
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v), "the in-place append"
+    return out
+
+
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=HALF_IDS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 4, 8, 32])
+def test_decode_dense(dtype, head_dim, group):
+    heads_kv = 2 if group < 32 else 1
+    lens = torch.tensor([0, 1, 63, 64, 65, 1000], dtype=torch.int32, device="cuda")
+    q = randn(6, 1, heads_kv * group, head_dim, dtype=dtype)
+    kc, vc = (randn(6, 1100, heads_kv, head_dim, dtype=dtype) for _ in range(2))
+    check(q, kc, vc, lens)
+    kn, vn = (randn(6, 1, heads_kv, head_dim, dtype=dtype) for _ in range(2))
+    check(q, kc, vc, lens, kn, vn, causal=True)
+
+
+@requires_cuda
+@pytest.mark.parametrize("page_size", [1, 16, 64, 256, 257])
+def test_paged_cache_and_appends_across_pages(page_size):
+    g = torch.Generator().manual_seed(page_size)
+    kc, vc = (randn(4, 700, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    pages_k, table = paged(kc, page_size, g)
+    pages_v = torch.empty_like(pages_k)
+    t = torch.arange(kc.shape[1], device="cuda")
+    for b in range(4):
+        pages_v[table[b, t // page_size].long(), t % page_size] = vc[b]
+    lens = torch.tensor([0, page_size - 1, page_size, 600], dtype=torch.int32, device="cuda").clamp(max=690)
+    q = randn(4, 3, 8, 128, dtype=torch.bfloat16)
+    kn, vn = (randn(4, 3, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    check(q, pages_k, pages_v, lens, kn, vn, block_table=table, causal=True)
+    check(q, pages_k, pages_v, lens + 3, block_table=table)
+
+
+@requires_cuda
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 16, 64])
+def test_every_split_count_matches(num_splits):
+    lens = torch.tensor([5, 2000, 4096], dtype=torch.int32, device="cuda")
+    q = randn(3, 2, 16, 128, dtype=torch.float16)
+    kc, vc = (randn(3, 4096, 4, 128, dtype=torch.float16) for _ in range(2))
+    check(q, kc, vc, lens, num_splits=num_splits, causal=True)
+    # a fixed split count is bitwise reproducible
+    a = flashext.flash_attention_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
+    b = flashext.flash_attention_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
+    assert torch.equal(a, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kwargs", [{"window_size": (100, 0)}, {"softcap": 30.0}, {"softmax_scale": 0.05},
+                                    {"causal": True, "window_size": (37, -1)}, {"window_size": (-1, 2)}])
+def test_masks_and_options(kwargs):
+    lens = torch.tensor([300, 17], dtype=torch.int32, device="cuda")
+    q = randn(2, 128, 8, 64, dtype=torch.bfloat16)  # chunked prefill: 128 queries
+    kc, vc = (randn(2, 512, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    kn, vn = (randn(2, 128, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    check(q, kc, vc, lens, kn, vn, **kwargs)
+
+
+@requires_cuda
+def test_cuda_graph_one_capture_serves_every_length():
+    q = randn(8, 1, 32, 128, dtype=torch.bfloat16)
+    kc, vc = (randn(8, 2048, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    kn, vn = (randn(8, 1, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.tensor([3, 100, 500, 1000, 1500, 1900, 2000, 2046], dtype=torch.int32, device="cuda")
+    static = [t.clone() for t in (q, kn, vn, lens)]
+    caches = [kc.clone(), vc.clone()]
+    flashext.flash_attention_with_kvcache(static[0], *caches, static[3], static[1], static[2])  # warm up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flashext.flash_attention_with_kvcache(static[0], *caches, static[3], static[1], static[2])
+    for step in range(3):
+        fresh_lens = torch.randint(0, 2047, (8,), dtype=torch.int32, device="cuda")
+        static[3].copy_(fresh_lens)
+        static[0].copy_(randn(8, 1, 32, 128, dtype=torch.bfloat16))
+        before = [c.clone() for c in caches]
+        graph.replay()
+        want_k, want_v = before
+        want = ref.attention_with_kvcache(static[0], want_k, want_v, fresh_lens, static[1], static[2])
+        base = ref.attention_with_kvcache(static[0], before[0].clone(), before[1].clone(), fresh_lens, static[1],
+                                          static[2], compute_dtype=torch.bfloat16)
+        assert_close(f"graph replay {step}", out, want, base)
+
+
+@requires_cuda
+def test_opcheck_and_compile():
+    q = randn(2, 1, 8, 64, dtype=torch.float16)
+    kc, vc = (randn(2, 256, 2, 64, dtype=torch.float16) for _ in range(2))
+    lens = torch.tensor([10, 200], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(torch.ops.flashext.flash_attn_with_kvcache.default, (q, kc, vc, lens),
+                          test_utils=("test_schema", "test_faketensor"))
+    compiled = torch.compile(lambda q, kc, vc, lens: flashext.flash_attention_with_kvcache(q, kc, vc, lens) * 2,
+                             fullgraph=True)
+    torch.testing.assert_close(compiled(q, kc, vc, lens), flashext.flash_attention_with_kvcache(q, kc, vc, lens) * 2)
+
+
+@requires_cuda
+def test_lengths_past_capacity_and_bad_pages_stay_inside_the_cache():
+    # guard: the caches are views into the middle of larger buffers whose edges must stay untouched
+    big_k = torch.zeros(3 * 64 * 2 * 64 + 2 * 4096, dtype=torch.float16, device="cuda")
+    kc = big_k[4096:4096 + 3 * 64 * 2 * 64].view(3, 64, 2, 64)
+    kc.copy_(randn(3, 64, 2, 64, dtype=torch.float16))
+    vc = randn(3, 64, 2, 64, dtype=torch.float16)
+    lens = torch.tensor([60, 64, 5000], dtype=torch.int32, device="cuda")  # past the capacity of 64
+    kn, vn = (randn(3, 8, 2, 64, dtype=torch.float16) for _ in range(2))
+    q = randn(3, 1, 4, 64, dtype=torch.float16)
+    out = flashext.flash_attention_with_kvcache(q, kc, vc, lens, kn, vn)
+    assert torch.isfinite(out).all()
+    assert (big_k[:4096] == 0).all() and (big_k[-4096:] == 0).all()
+    table = torch.tensor([[0, 999], [-5, 1]], dtype=torch.int32, device="cuda")  # ids outside the 4 pages
+    pages = randn(4, 16, 2, 64, dtype=torch.float16)
+    out = flashext.flash_attention_with_kvcache(q[:2], pages, pages.clone(), lens[:2].clamp(max=32), kn[:2], vn[:2],
+                                                block_table=table)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("device", CHECK_DEVICES)
+def test_bad_input(device):
+    q = randn(2, 1, 8, 64, dtype=torch.bfloat16, device=device)
+    kc = randn(2, 128, 2, 64, dtype=torch.bfloat16, device=device)
+    lens = torch.empty(2, dtype=torch.int32, device=device) if device == "meta" else \
+        torch.tensor([1, 2], dtype=torch.int32, device=device)
+    fn = r"flashext.flash_attention_with_kvcache: "
+    cases = [
+        ((q.float(), kc, kc), {}, r"argument 'q' must be float16 or bfloat16"),
+        ((q, kc.half(), kc), {}, r"argument 'k_cache' must have the dtype of 'q'"),
+        ((q, kc, kc[:, :64]), {}, r"argument 'v_cache' must have the shape of 'k_cache'"),
+        ((q[:, :, :5], kc, kc), {}, r"the number of query heads \(5\) must be a multiple"),
+        ((q, kc[:1], kc[:1]), {}, r"a dense 'k_cache' must have the batch size of 'q'"),
+        ((q, kc, kc), {"k": kc[:, :1]}, r"arguments 'k' and 'v' go together"),
+        ((q, kc, kc), {"k": kc[:, :1, :1], "v": kc[:, :1, :1]}, r"argument 'k' must be \(batch, seqlen_new"),
+        ((q, kc, kc), {"num_splits": 65}, r"num_splits must be in \[0, 64\]"),
+        ((q, kc, kc), {"softcap": -1.0}, r"softcap must be >= 0"),
+        ((q, kc, kc), {"block_table": lens.view(2, 1).long()}, r"argument 'block_table' must be an int32 tensor"),
+    ]
+    for args, kwargs, message in cases:
+        with pytest.raises(RuntimeError, match=fn + message):
+            flashext.flash_attention_with_kvcache(*args, lens, **kwargs)
+    with pytest.raises(RuntimeError, match=fn + r"argument 'cache_seqlens' must be an int32 tensor of shape \[2\]"):
+        flashext.flash_attention_with_kvcache(q, kc, kc, lens[:1])
