@@ -25,22 +25,6 @@ constexpr const char* kFlashVarlen = "flashext.flash_attention_varlen";
 constexpr const char* kFlashBwd = "flashext.flash_attention (backward)";
 constexpr const char* kFlashVarlenBwd = "flashext.flash_attention_varlen (backward)";
 
-bool rows_aligned16(const at::Tensor& t) {
-  // cp.async moves 16-byte chunks: every row start (pointer and strides) must be 16-byte aligned.
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
-    if (t.size(d) > 1 && (t.stride(d) * t.element_size()) % 16 != 0) return false;
-  }
-  return true;
-}
-
-// t itself when every row start is 16-byte aligned, else a fresh contiguous copy. A copy, not
-// contiguous(): a contiguous view that starts at an odd element offset is misaligned too, and
-// contiguous() would hand it back unchanged. (The allocator's blocks are 512-byte aligned and
-// head_dim is a multiple of 8, so the copy's rows are aligned.)
-at::Tensor aligned_rows(const at::Tensor& t) {
-  return rows_aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous);
-}
 
 // The grid is (query blocks, heads, batch): gridDim.y and gridDim.z stop at 65535.
 constexpr int64_t kMaxGridYZ = 65535;

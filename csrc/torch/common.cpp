@@ -115,6 +115,18 @@ RowView row_view(const at::Tensor& x) {
   return {x.contiguous(), rows, cols, cols};
 }
 
+bool rows_aligned16(const at::Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) > 1 && (t.stride(d) * t.element_size()) % 16 != 0) return false;
+  }
+  return true;
+}
+
+at::Tensor aligned_rows(const at::Tensor& t) {
+  return rows_aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
 cudaStream_t current_stream(const at::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
 }

@@ -85,6 +85,16 @@ struct RowView {
 };
 RowView row_view(const at::Tensor& x);
 
+// Whether every row start of t (its pointer and each stride but the last) is 16-byte aligned, as
+// the kernels' 16-byte loads and cp.async copies need.
+bool rows_aligned16(const at::Tensor& t);
+
+// t itself when its rows are 16-byte aligned, else a fresh contiguous copy. A copy, not
+// contiguous(): a contiguous view that starts at an odd element offset is misaligned too, and
+// contiguous() would hand it back unchanged. (The allocator's blocks are 512-byte aligned and the
+// kernels' rows are multiples of 16 bytes, so the copy's rows are aligned.)
+at::Tensor aligned_rows(const at::Tensor& t);
+
 // The stream PyTorch is using on t's device (what graph capture records).
 cudaStream_t current_stream(const at::Tensor& t);
 

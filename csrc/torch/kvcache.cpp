@@ -19,14 +19,6 @@ namespace {
 
 constexpr const char* kKvcache = "flashext.flash_attention_with_kvcache";
 
-bool aligned_rows16(const at::Tensor& t) {
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
-    if (t.size(d) > 1 && (t.stride(d) * t.element_size()) % 16 != 0) return false;
-  }
-  return true;
-}
-
 std::tuple<at::Tensor, at::Tensor> flash_attn_with_kvcache(
     const at::Tensor& q_in, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& cache_seqlens,
     const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
@@ -98,9 +90,9 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_with_kvcache(
   if (is_meta(q_in) || out.numel() == 0) return {out, lse};
 
   const c10::cuda::CUDAGuard guard(q_in.device());
-  FX_CHECK(aligned_rows16(k_cache) && aligned_rows16(v_cache), fn,
+  FX_CHECK(rows_aligned16(k_cache) && rows_aligned16(v_cache), fn,
            ": the caches' rows must start 16-byte aligned (they are written in place, so they cannot be copied)");
-  const at::Tensor q = aligned_rows16(q_in) ? q_in : q_in.clone(at::MemoryFormat::Contiguous);
+  const at::Tensor q = aligned_rows(q_in);
   flashext::FlashDecodeParams p;
   p.q = q.data_ptr();
   p.o = out.data_ptr();
@@ -139,8 +131,8 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_with_kvcache(
                                                                     p.head_dim, sm_count);
   const cudaStream_t stream = current_stream(q);
   if (p.seqlen_new > 0) {
-    const at::Tensor kn = aligned_rows16(*k_new) ? *k_new : k_new->clone(at::MemoryFormat::Contiguous);
-    const at::Tensor vn = aligned_rows16(*v_new) ? *v_new : v_new->clone(at::MemoryFormat::Contiguous);
+    const at::Tensor kn = aligned_rows(*k_new);
+    const at::Tensor vn = aligned_rows(*v_new);
     flashext::KvAppendParams a;
     a.k = kn.data_ptr(), a.v = vn.data_ptr();
     a.k_batch_stride = kn.stride(0), a.k_row_stride = kn.stride(1), a.k_head_stride = kn.stride(2);

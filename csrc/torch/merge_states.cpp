@@ -30,13 +30,6 @@ std::array<int64_t, 3> lse_strides(const at::Tensor& lse) {
                         : std::array<int64_t, 3>{0, lse.stride(0), lse.stride(1)};
 }
 
-// A 16-byte aligned copy of o when its rows are not (the kernel reads 16-byte packs).
-at::Tensor aligned(const at::Tensor& o) {
-  bool ok = reinterpret_cast<uintptr_t>(o.data_ptr()) % 16 == 0;
-  for (int64_t d = 0; d + 1 < o.dim(); ++d) ok = ok && (o.size(d) <= 1 || (o.stride(d) * o.element_size()) % 16 == 0);
-  return ok ? o : o.clone(at::MemoryFormat::Contiguous);
-}
-
 std::tuple<at::Tensor, at::Tensor> merge_attention_states(const at::Tensor& o_a, const at::Tensor& lse_a,
                                                           const at::Tensor& o_b, const at::Tensor& lse_b) {
   check_float_cuda_tensor(kMerge, o_a, "o_a");
@@ -69,7 +62,7 @@ std::tuple<at::Tensor, at::Tensor> merge_attention_states(const at::Tensor& o_a,
   at::Tensor lse = at::empty_symint(lse_shape, lse_a.options());
   if (is_meta(o_a) || o.numel() == 0) return {o, lse};
   const c10::cuda::CUDAGuard guard(o_a.device());
-  const at::Tensor a = aligned(o_a), b = aligned(o_b);
+  const at::Tensor a = aligned_rows(o_a), b = aligned_rows(o_b);
   flashext::MergeStatesParams p;
   p.o_a = a.data_ptr();
   p.o_b = b.data_ptr();
