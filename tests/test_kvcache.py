@@ -124,6 +124,16 @@ def test_cuda_graph_one_capture_serves_every_length():
 
 
 @requires_cuda
+def test_append_without_queries_still_writes_the_cache():
+    kc, vc = (randn(2, 64, 2, 64, dtype=torch.float16) for _ in range(2))
+    kn, vn = (randn(2, 3, 2, 64, dtype=torch.float16) for _ in range(2))
+    lens = torch.tensor([0, 10], dtype=torch.int32, device="cuda")
+    out = flashext.flash_attention_with_kvcache(randn(2, 0, 4, 64, dtype=torch.float16), kc, vc, lens, kn, vn)
+    assert out.shape == (2, 0, 4, 64)
+    assert torch.equal(kc[0, :3], kn[0]) and torch.equal(vc[1, 10:13], vn[1])
+
+
+@requires_cuda
 def test_opcheck_and_compile():
     q = randn(2, 1, 8, 64, dtype=torch.float16)
     kc, vc = (randn(2, 256, 2, 64, dtype=torch.float16) for _ in range(2))
@@ -177,5 +187,9 @@ def test_bad_input(device):
     for args, kwargs, message in cases:
         with pytest.raises(RuntimeError, match=fn + message):
             flashext.flash_attention_with_kvcache(*args, lens, **kwargs)
-    with pytest.raises(RuntimeError, match=fn + r"argument 'cache_seqlens' must be an int32 tensor of shape \[2\]"):
+    message = r"argument 'cache_seqlens' must be a contiguous int32 tensor of shape \[2\]"
+    with pytest.raises(RuntimeError, match=fn + message):
         flashext.flash_attention_with_kvcache(q, kc, kc, lens[:1])
+    strided = torch.empty(4, dtype=torch.int32, device=device)[::2]
+    with pytest.raises(RuntimeError, match=fn + message):
+        flashext.flash_attention_with_kvcache(q, kc, kc, strided)

@@ -53,8 +53,9 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_with_kvcache(
     FX_CHECK(t.sym_stride(-1) == 1, fn, ": argument '", name, "' must have a contiguous last dimension");
   }
   FX_CHECK(cache_seqlens.defined() && cache_seqlens.device() == q_in.device() && cache_seqlens.scalar_type() == at::kInt &&
-               cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == batch,
-           fn, ": argument 'cache_seqlens' must be an int32 tensor of shape [", batch, "] on the device of 'q'");
+               cache_seqlens.dim() == 1 && cache_seqlens.sym_size(0) == batch && cache_seqlens.sym_stride(0) == 1,
+           fn, ": argument 'cache_seqlens' must be a contiguous int32 tensor of shape [", batch,
+           "] on the device of 'q'");
   if (paged) {
     const at::Tensor& table = *block_table;
     FX_CHECK(table.device() == q_in.device() && table.scalar_type() == at::kInt && table.dim() == 2 &&
@@ -87,7 +88,10 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_with_kvcache(
   at::Tensor out = at::empty_symint(q_in.sym_sizes(), q_in.options());
   const std::array<c10::SymInt, 3> lse_shape{batch, heads, q_in.sym_size(1)};
   at::Tensor lse = at::empty_symint(lse_shape, q_in.options().dtype(at::kFloat));
-  if (is_meta(q_in) || out.numel() == 0) return {out, lse};
+  const int64_t appended = k_new.has_value() ? k_new->size(1) : 0;
+  if (is_meta(q_in) || (out.numel() == 0 && (appended == 0 || k_cache.numel() == 0 || q_in.size(0) == 0))) {
+    return {out, lse};
+  }
 
   const c10::cuda::CUDAGuard guard(q_in.device());
   FX_CHECK(rows_aligned16(k_cache) && rows_aligned16(v_cache), fn,
@@ -124,8 +128,10 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_with_kvcache(
   p.window_left = window_left >= span ? -1 : int(window_left);
   p.window_right = causal ? 0 : (window_right >= span ? -1 : int(window_right));
   p.dtype = to_kernel_dtype(q.scalar_type());
-  int sm_count = 0;
-  cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, q.device().index());
+  int sm_count = 0;  // a cheap attribute read; should it fail, one split (correct, maybe slower)
+  if (cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, q.device().index()) != cudaSuccess) {
+    sm_count = 0;
+  }
   p.num_splits = num_splits > 0 ? int(num_splits)
                                 : flashext::flash_decode_num_splits(p.batch, p.heads, p.heads_kv, p.seqlen_q, p.capacity,
                                                                     p.head_dim, sm_count);
@@ -139,8 +145,10 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_with_kvcache(
     a.v_batch_stride = vn.stride(0), a.v_row_stride = vn.stride(1), a.v_head_stride = vn.stride(2);
     check_launch(fn, flashext::run_kvcache_append(p, a, stream));
   }
+  if (out.numel() == 0) return {out, lse};  // no queries: the append was all there was to do
   const int64_t bytes = int64_t(flashext::flash_decode_workspace_bytes(p));
-  const at::Tensor workspace = at::empty({std::max<int64_t>(bytes, 1)}, q.options().dtype(at::kByte));
+  at::Tensor workspace;
+  if (bytes > 0) workspace = at::empty({bytes}, q.options().dtype(at::kByte));
   check_launch(fn, flashext::run_flash_decode(p, bytes > 0 ? workspace.data_ptr() : nullptr, stream));
   return {out, lse};
 }

@@ -106,7 +106,7 @@ cudaError_t run_flash_bwd(const FlashBwdParams& params, void* workspace, cudaStr
 struct FlashDecodeParams {
   const void* q = nullptr;
   void* o = nullptr;
-  float* lse = nullptr;  // (B, H, Sq), may be null
+  float* lse = nullptr;  // (B, H, Sq), contiguous along Sq; may be null
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
   int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
   int64_t lse_batch_stride = 0, lse_head_stride = 0;
@@ -120,7 +120,9 @@ struct FlashDecodeParams {
   int64_t block_table_stride = 0;
   int num_pages = 0;  // paged: page ids are clamped into [0, num_pages), so no table reaches outside
   int page_size = 0;  // paged: tokens per page; dense: the capacity
-  int capacity = 0;   // tokens a sequence's cache holds (longer lengths are clamped to it)
+  // Tokens a sequence's cache holds. A length past it (cache_seqlens[b] + seqlen_new > capacity) is
+  // clamped: the tokens past the end are dropped and the queries align to the last kept key.
+  int capacity = 0;
   int seqlen_new = 0;
   int batch = 0, heads = 0, heads_kv = 0, head_dim = 0, seqlen_q = 0;
   float softmax_scale = 0.0f;

@@ -49,8 +49,10 @@ struct DecodeConfig {
 
 constexpr int kMaxSplits = 64;
 
+// A sequence's keys: its cached tokens plus the new ones, clamped to the capacity (in 64 bits: any
+// int32 length is safe).
 FX_DEVICE int decode_total_keys(const FlashDecodeParams& p, int b) {
-  return min(max(p.cache_seqlens[b], 0) + p.seqlen_new, p.capacity);
+  return int(min(int64_t(max(p.cache_seqlens[b], 0)) + p.seqlen_new, int64_t(p.capacity)));
 }
 
 // The cache row of token t of sequence b (dense: row t of sequence b; paged: through the table,
@@ -309,8 +311,9 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const FlashDecodePa
   if (id >= int64_t(p.batch) * p.seqlen_new * p.heads_kv * chunks) return;
   const int c = int(id % chunks), h = int((id / chunks) % p.heads_kv);
   const int t = int((id / chunks / p.heads_kv) % p.seqlen_new), b = int(id / chunks / p.heads_kv / p.seqlen_new);
-  const int pos = max(p.cache_seqlens[b], 0) + t;
-  if (pos >= p.capacity) return;  // past the cache: dropped, never written outside it
+  const int cached = max(p.cache_seqlens[b], 0);
+  if (cached >= p.capacity - t) return;  // past the cache: dropped, never written outside it
+  const int pos = cached + t;
   const int64_t src_k = int64_t(b) * a.k_batch_stride + int64_t(t) * a.k_row_stride + int64_t(h) * a.k_head_stride;
   const int64_t src_v = int64_t(b) * a.v_batch_stride + int64_t(t) * a.v_row_stride + int64_t(h) * a.v_head_stride;
   T* k = static_cast<T*>(p.k_cache) + cache_row(p, b, pos, p.k_page_stride, p.k_row_stride) + h * p.k_head_stride;
@@ -362,7 +365,8 @@ bool decode_params_ok(const FlashDecodeParams& p) {
 int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, int capacity, int head_dim,
                             int sm_count) {
   using namespace attention_detail;
-  if (batch <= 0 || heads_kv <= 0 || heads % heads_kv != 0 || seqlen_q <= 0 || capacity <= 0 || sm_count <= 0) {
+  if (batch <= 0 || heads <= 0 || heads_kv <= 0 || heads % heads_kv != 0 || seqlen_q <= 0 || capacity <= 0 ||
+      sm_count <= 0) {
     return 1;
   }
   (void)head_dim;  // every head dim's block has 64 rows
