@@ -65,13 +65,14 @@ cpp_build() {  # cpp_build [DIR [ARCHS]]: the C++ tests, for the archs given (de
 ctest_run() { cpp_build && ctest --test-dir build/cpp --output-on-failure --timeout 120; }
 sanitize() {
   cpp_build || return 1
-  for binary in test_gelu test_attention test_attention_backward; do
+  for binary in test_gelu test_attention test_attention_backward test_kvcache; do
     compute-sanitizer --tool memcheck --error-exitcode 9 build/cpp/$binary --gtest_brief=1 || return 1
   done
   compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_gelu --gtest_brief=1 \
     --gtest_filter='*BiasGelu*' || return 1
   compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_attention --gtest_brief=1 || return 1
   compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_attention_backward --gtest_brief=1 || return 1
+  compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_kvcache --gtest_brief=1 || return 1
   # a small pytest subset through the torch glue: views, unaligned starts, in-place, the edges of
   # attention's numerics, and the bad-input fuzz (nothing may be launched)
   timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
