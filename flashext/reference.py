@@ -121,12 +121,13 @@ def _safe_max(row_max: Tensor) -> Tensor:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
               window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, return_lse: bool = False,
-              compute_dtype: torch.dtype = torch.float64):
+              compute_dtype: torch.dtype = torch.float64, mask: Tensor | None = None):
     """softmax(mask(cap(q·kᵀ·scale))) · v, materialising the (Sq, Sk) scores: the definition.
 
     Computed in `compute_dtype` (float64 by default; pass the inputs' dtype for "plain PyTorch
-    in the same precision", the baseline of the tolerance rule). Returns out (B, Sq, H, D) in
-    compute_dtype, and with return_lse also lse (B, H, Sq), natural log.
+    in the same precision", the baseline of the tolerance rule). mask: an extra boolean mask
+    broadcastable to (B, H, Sq, Sk), True where a key may be seen (block-sparse attention's).
+    Returns out (B, Sq, H, D) in compute_dtype, and with return_lse also lse (B, H, Sq), natural log.
     """
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     qf, kf, vf, scale = _heads_first(q, k, v, softmax_scale, compute_dtype)  # (B, H, S, D)
@@ -134,9 +135,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_sca
     if softcap > 0:
         scores = softcap * torch.tanh(scores / softcap)
     visible = attention_mask(seqlen_q, seqlen_k, causal, window_size, device=q.device)
+    if mask is not None:
+        visible = visible & mask
     scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # −inf where a row sees no key
-    any_visible = visible.any(dim=-1)[:, None]
+    any_visible = visible.any(dim=-1, keepdim=True)  # (…, Sq, 1): rows that see some key
     probs = torch.where(any_visible, torch.exp(scores - lse[..., None]), torch.zeros((), dtype=compute_dtype, device=q.device))
     out = (probs @ vf).transpose(1, 2)  # (B, Sq, H, D)
     return (out, lse.float()) if return_lse else out
@@ -196,6 +199,22 @@ def attention_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_
                                dlse=None if dlse is None else dlse[None, :, qs], **kwargs)
         dq[qs], dk[ks], dv[ks] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
+
+
+def block_sparse_mask(block_mask: Tensor, block_size: tuple[int, int], seqlen_q: int, seqlen_k: int) -> Tensor:
+    """The (B or 1, H or 1, Sq, Sk) boolean mask of a block mask (B or 1, H or 1, ⌈Sq/R⌉, ⌈Sk/C⌉):
+    query i may see key j when block_mask[..., i // R, j // C] (FlashInfer's block-sparse layout)."""
+    rows, cols = block_size
+    dense = block_mask.bool().repeat_interleave(rows, dim=-2).repeat_interleave(cols, dim=-1)
+    return dense[..., :seqlen_q, :seqlen_k]
+
+
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, block_size: tuple[int, int],
+                           **kwargs):
+    """attention() where query block i (R rows) sees key block j (C columns) only if
+    block_mask[b, h, i, j] (dims of size 1 broadcast over batch and heads), and the other masks
+    (causal, windows) as well. A query that sees no key outputs 0 with lse −inf."""
+    return attention(q, k, v, mask=block_sparse_mask(block_mask, block_size, q.shape[1], k.shape[1]), **kwargs)
 
 
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, **kwargs):

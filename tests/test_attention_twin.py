@@ -144,3 +144,30 @@ def test_twin_backward_varlen_and_empty_rows():
         assert_close(f"twin varlen {name}", g, w, b, factor=GRADIENT_FACTOR)
     # row 0 is the second sequence's only query, which has no key: dq = 0
     assert torch.equal(got[0][0], torch.zeros_like(got[0][0]))
+
+
+# ---- block-sparse -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_size", [(16, 16), (5, 7), (1, 1), (64, 32)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_twin_block_sparse(block_size, causal):
+    q, k, v = make(2, 40, 45, 4, 2, HEAD_DIMS[0], torch.float16)
+    rows, cols = block_size
+    shape = (2, 1, -(-40 // rows), -(-45 // cols))  # per batch entry, shared by the heads
+    for density in (0.0, 0.3, 1.0):
+        block_mask = torch.rand(shape, device=DEVICE) < density
+        out, lse = twin.block_sparse_attention(q, k, v, block_mask, block_size, causal=causal, **BLOCK)
+        want, want_lse = ref.block_sparse_attention(q, k, v, block_mask, block_size, causal=causal, return_lse=True)
+        base = ref.block_sparse_attention(q, k, v, block_mask, block_size, causal=causal, compute_dtype=q.dtype)
+        assert_close(f"twin block-sparse {block_size} {density}", out, want, base)
+        assert torch.equal(torch.isneginf(lse), torch.isneginf(want_lse))
+
+
+def test_reference_block_sparse_full_and_empty():
+    q, k, v = (t.double() for t in make(1, 20, 30, 2, 2, 16, torch.float16))
+    full = torch.ones(1, 1, 3, 4, dtype=torch.bool, device=DEVICE)
+    torch.testing.assert_close(ref.block_sparse_attention(q, k, v, full, (8, 8), causal=True),
+                               ref.attention(q, k, v, causal=True))
+    empty, lse = ref.block_sparse_attention(q, k, v, ~full, (8, 8), return_lse=True)
+    assert (empty == 0).all() and torch.isneginf(lse).all()

@@ -54,6 +54,8 @@ def flash_attention_fwd_kernel(
     seqlen_q_fixed, seqlen_k_fixed, head_dim, scale, scale_log2, softcap, window_left, window_right,
     H: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, VARLEN: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    BLOCK_MASK=None, stride_mb=0, stride_mh=0, stride_mr=0, stride_mc=0, mask_rows=1, mask_cols=1,
+    BLOCK_SPARSE: tl.constexpr = False,
 ):
     m_block = tl.program_id(0)
     batch = tl.program_id(1) // H
@@ -122,6 +124,11 @@ def flash_attention_fwd_kernel(
             visible = col_valid[None, :] & (
                 (window_left < 0) | (offs_n[None, :] >= offs_m[:, None] + diag - window_left))
             visible = visible & ((window_right < 0) | (offs_n[None, :] <= offs_m[:, None] + diag + window_right))
+            if BLOCK_SPARSE:  # query block i // R sees key block j // C only where the block mask says so
+                active = tl.load(BLOCK_MASK + batch * stride_mb + head * stride_mh + (offs_m // mask_rows)[:, None] * stride_mr
+                                 + (offs_n // mask_cols)[None, :] * stride_mc,
+                                 mask=row_valid[:, None] & col_valid[None, :], other=0)
+                visible = visible & (active != 0)
             s = tl.where(visible, s, float("-inf"))
 
             new_max = tl.maximum(row_max, tl.max(s, axis=1))
@@ -184,8 +191,29 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     return out, lse
 
 
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, block_size: tuple[int, int],
+                           causal: bool = False, softmax_scale: float | None = None,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, block_m: int = 64,
+                           block_n: int = 64) -> tuple[Tensor, Tensor]:
+    """flash_attention where query block i (R rows) sees key block j (C keys) only if
+    block_mask[b, h, i, j] (B or 1, H or 1, ⌈Sq/R⌉, ⌈Sk/C⌉): the forward loop with the mask looked up
+    per element (flashext.reference.block_sparse_attention)."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    mask = block_mask.to(torch.int8)
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
+    stride = lambda dim: 0 if mask.shape[dim] == 1 else mask.stride(dim)  # noqa: E731  (broadcast dims)
+    _launch(q, k, v, out, lse, None, None, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim,
+            (q.stride(0), q.stride(1), q.stride(2)), (k.stride(0), k.stride(1), k.stride(2)),
+            (v.stride(0), v.stride(1), v.stride(2)), (out.stride(0), out.stride(1), out.stride(2)),
+            (lse.stride(0), lse.stride(1)), causal, softmax_scale, window_size, softcap, block_m, block_n,
+            block_sparse=(mask, stride(0), stride(1), mask.stride(2), mask.stride(3), *block_size))
+    return out, lse
+
+
 def _launch(q, k, v, out, lse, cu_q, cu_k, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim,
-            sq, sk, sv, so, sl, causal, softmax_scale, window_size, softcap, block_m, block_n):
+            sq, sk, sv, so, sl, causal, softmax_scale, window_size, softcap, block_m, block_n, block_sparse=None):
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("flash_attention twin: the last dim of q, k and v must be contiguous")
     if heads % heads_kv != 0:
@@ -206,6 +234,9 @@ def _launch(q, k, v, out, lse, cu_q, cu_k, batch, seqlen_q, seqlen_k, heads, hea
         VARLEN=varlen, HAS_SOFTCAP=softcap > 0,
         # bf16 values are exact in fp32 and their products too: same math, accumulation order aside
         DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16,
+        **({} if block_sparse is None else dict(zip(
+            ("BLOCK_MASK", "stride_mb", "stride_mh", "stride_mr", "stride_mc", "mask_rows", "mask_cols"),
+            block_sparse), BLOCK_SPARSE=True)),
     )
 
 
