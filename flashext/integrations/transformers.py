@@ -1,0 +1,152 @@
+"""flashext as a Hugging Face transformers attention backend:
+
+    import flashext.integrations.transformers  # registers "flashext"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="flashext")
+    model.set_attn_implementation("flashext")  # or on a loaded model
+
+Registers `flashext_attention_forward` with transformers' AttentionInterface, and transformers'
+flash-attention mask (a 2D padding mask, or None when nothing is padded) with AttentionMaskInterface,
+under the name "flashext". The function takes transformers' (B, H, S, D) query/key/value, causal or
+not as the module says, the model's scaling, sliding window and softcap, and:
+  - no padding: flashext.flash_attention on transposed views (no copies);
+  - a 2D padding mask (left or right padding): the valid tokens only, through
+    flashext.flash_attention_varlen (no computation on padding), scattered back (padding rows 0);
+  - packed sequences (batch 1, position_ids restarting, or the collator's cu_seq_lens_q/k):
+    flash_attention_varlen over the sequences.
+With a KV cache (generate), Sq < Sk and the queries align bottom-right, as in flash-attn.
+Gradients flow (flashext's backward). Dropout > 0 while training and output_attentions raise.
+Needs the `transformers` package (pip install flashext[transformers]).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import flashext
+
+NAME = "flashext"
+
+
+def _cu_seqlens(lengths: Tensor) -> Tensor:
+    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=lengths.device)
+    cu[1:] = lengths.cumsum(0)
+    return cu
+
+
+def _window(sliding_window: int | None) -> tuple[int, int]:
+    # transformers' sliding_window counts the token itself: a query sees the window - 1 keys before it
+    return (-1, -1) if sliding_window is None else (int(sliding_window) - 1, -1)
+
+
+def _unpadded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor):
+    """(B, S, H, D) q, k, v and a (B, Sk) padding mask (True or 1 = a real token) → the real tokens
+    packed, their offsets and maxima, and the query rows' indices to scatter the output back."""
+    batch, seqlen_q = q.shape[:2]
+    mask = mask.bool()
+    lengths_k = mask.sum(dim=-1, dtype=torch.int32)
+    keys = mask.reshape(-1).nonzero().view(-1)
+    if seqlen_q == mask.shape[1]:  # prefill: the queries are the same tokens
+        query_mask, lengths_q = mask, lengths_k
+    else:  # with a cache: the last seqlen_q positions of each row are the queries
+        query_mask = mask[:, -seqlen_q:]
+        lengths_q = query_mask.sum(dim=-1, dtype=torch.int32)
+    queries = query_mask.reshape(-1).nonzero().view(-1)
+    packed_q = q.reshape(batch * seqlen_q, *q.shape[2:])[queries]
+    packed_k = k.reshape(-1, *k.shape[2:])[keys]
+    packed_v = v.reshape(-1, *v.shape[2:])[keys]
+    return (packed_q, packed_k, packed_v, _cu_seqlens(lengths_q), _cu_seqlens(lengths_k),
+            int(lengths_q.max()), int(lengths_k.max()), queries)
+
+
+def _packed_offsets(position_ids: Tensor | None, kwargs: dict):
+    """cu_seqlens of packed sequences (the collator's, or from position_ids restarting), or None."""
+    if kwargs.get("cu_seq_lens_q") is not None:
+        return (kwargs["cu_seq_lens_q"].int(), kwargs["cu_seq_lens_k"].int(), int(kwargs["max_length_q"]),
+                int(kwargs["max_length_k"]))
+    if position_ids is None or position_ids.shape[0] != 1 or position_ids.shape[-1] == 1:
+        return None
+    flat = position_ids.reshape(-1)
+    starts = (flat == flat.min()).nonzero().view(-1)
+    if starts.numel() <= 1:
+        return None  # one sequence: the dense path
+    cu = torch.cat([starts, torch.tensor([flat.numel()], device=flat.device)]).int()
+    longest = int(cu.diff().max())
+    return cu, cu, longest, longest
+
+
+def flashext_attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                               attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                               sliding_window: int | None = None, softcap: float | None = None,
+                               is_causal: bool | None = None, **kwargs) -> tuple[Tensor, None]:
+    """transformers' attention-function signature: query (B, H, Sq, D), key/value (B, Hkv, Sk, D);
+    returns (out (B, Sq, H, D), None)."""
+    if kwargs.get("output_attentions", False):
+        raise NotImplementedError("flashext attention does not return attention weights (output_attentions=True); "
+                                  "use attn_implementation='eager' for them")
+    if dropout != 0.0 and module.training:
+        raise NotImplementedError(f"flashext attention has no dropout (the model asks for {dropout} while training)")
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
+    target = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+    if q.dtype == torch.float32 and torch.is_autocast_enabled(q.device.type):
+        target = torch.get_autocast_dtype(q.device.type)
+    q, k, v = (t.to(target) for t in (q, k, v))
+    options = {"causal": bool(causal), "softmax_scale": scaling, "window_size": _window(sliding_window),
+               "softcap": float(softcap or 0.0)}
+    if attention_mask is not None and attention_mask.dim() == 2:
+        packed_q, packed_k, packed_v, cu_q, cu_k, max_q, max_k, rows = _unpadded(q, k, v, attention_mask)
+        out = flashext.flash_attention_varlen(packed_q, packed_k, packed_v, cu_q, cu_k, max_q, max_k, **options)
+        full = out.new_zeros(q.shape[0] * q.shape[1], *out.shape[1:])
+        full[rows] = out
+        return full.view(*q.shape[:2], *out.shape[1:]).to(query.dtype), None
+    if attention_mask is not None:
+        raise NotImplementedError("flashext attention takes a 2D padding mask (transformers' flash-attention mask); "
+                                  f"got a {attention_mask.dim()}-D mask")
+    packed = _packed_offsets(kwargs.get("position_ids"), kwargs)
+    if packed is not None:
+        cu_q, cu_k, max_q, max_k = packed
+        out = flashext.flash_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, **options)
+        return out[None].to(query.dtype), None
+    return flashext.flash_attention(q, k, v, **options).to(query.dtype), None
+
+
+def _teach_flash_loader() -> None:
+    """transformers treats every implementation whose name contains "flash" as a flash-attention
+    package to import (lazy_import_flash_attention), and would look "flashext" up on the Hub. Its
+    loader is taught the name: flash-attn's functions from flashext.compat.flash_attn, so that any
+    transformers code path that calls them directly (e.g. paged continuous batching) runs flashext."""
+    try:
+        from transformers import modeling_flash_attention_utils as utils
+    except ImportError:
+        return
+    original = getattr(utils, "_lazy_imports", None)
+    if original is None or getattr(original, "_flashext", False):
+        return
+
+    def lazy_imports(implementation, *args, **kwargs):
+        if implementation == NAME:
+            from ..compat import flash_attn
+
+            return (flash_attn.flash_attn_func, flash_attn.flash_attn_varlen_func, flash_attn.flash_attn_with_kvcache,
+                    utils._pad_input, utils._unpad_input)
+        return original(implementation, *args, **kwargs)
+
+    lazy_imports._flashext = True
+    utils._lazy_imports = lazy_imports
+
+
+def register() -> None:
+    """Register "flashext" with transformers' AttentionInterface (and its mask hook)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, flashext_attention_forward)
+    _teach_flash_loader()
+    try:
+        from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    except ImportError:  # older transformers: no mask registry (the flash mask is the 2D one already)
+        return
+    AttentionMaskInterface.register(NAME, flash_attention_mask)
+
+
+register()

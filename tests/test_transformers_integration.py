@@ -1,0 +1,122 @@
+"""flashext.integrations.transformers on CPU: registration, and the integration's own logic —
+padding (left and right) through the varlen path, packed sequences, caches in generate(),
+gradients — with flashext's kernels replaced by the reference (the kernels are CUDA-only; the GPU
+tests compare the real thing). Skips when transformers is not installed."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import flashext  # noqa: E402
+import flashext.integrations.transformers as integration  # noqa: E402
+from flashext import reference as ref  # noqa: E402
+
+CALLS = {"dense": 0, "varlen": 0}
+
+
+@pytest.fixture(autouse=True)
+def reference_kernels(monkeypatch):
+    """flashext's attention entry points replaced by the reference (float64, cast back)."""
+    CALLS.update(dense=0, varlen=0)
+
+    def dense(q, k, v, **kwargs):
+        CALLS["dense"] += 1
+        return ref.attention(q, k, v, **kwargs).to(q.dtype)
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
+        CALLS["varlen"] += 1
+        return ref.attention_varlen(q, k, v, cu_q, cu_k, **kwargs).to(q.dtype)
+
+    monkeypatch.setattr(flashext, "flash_attention", dense)
+    monkeypatch.setattr(flashext, "flash_attention_varlen", varlen)
+
+
+def tiny_llama(implementation, **overrides):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **overrides)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model.set_attn_implementation(implementation)
+    return model
+
+
+def test_registered_under_its_name():
+    from transformers import AttentionInterface
+
+    assert "flashext" in AttentionInterface._global_mapping
+    model = tiny_llama("flashext")
+    assert model.config._attn_implementation == "flashext"
+
+
+def test_unpadded_batch_matches_eager_and_uses_the_dense_path():
+    ids = torch.randint(0, 97, (2, 20))
+    ours, eager = tiny_llama("flashext"), tiny_llama("eager")
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, eager(ids).logits, rtol=3e-2, atol=3e-2)
+    assert CALLS["dense"] == 2 and CALLS["varlen"] == 0
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_goes_through_varlen_and_matches_eager(side):
+    ids = torch.randint(0, 97, (3, 16))
+    mask = torch.ones(3, 16, dtype=torch.long)
+    for row, pad in enumerate((0, 5, 11)):
+        if pad:
+            mask[row, :pad] = 0 if side == "left" else 1
+            if side == "right":
+                mask[row, 16 - pad:] = 0
+    ours, eager = tiny_llama("flashext"), tiny_llama("eager")
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask).logits
+        b = eager(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(a[real], b[real], rtol=3e-2, atol=3e-2)
+    assert CALLS["varlen"] == 2 and CALLS["dense"] == 0
+
+
+def test_packed_sequences_equal_separate_runs():
+    lengths = [7, 5, 9]
+    ids = torch.randint(0, 97, (1, sum(lengths)))
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    ours = tiny_llama("flashext")
+    with torch.no_grad():
+        packed = ours(ids, position_ids=position_ids).logits[0]
+        start = 0
+        for n in lengths:
+            alone = ours(ids[:, start:start + n]).logits[0]
+            torch.testing.assert_close(packed[start:start + n], alone, rtol=3e-2, atol=3e-2)
+            start += n
+    assert CALLS["varlen"] >= 2
+
+
+def test_generate_with_a_cache_matches_eager():
+    ids = torch.randint(0, 97, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding, as generation uses
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
+    ours = tiny_llama("flashext").generate(ids, attention_mask=mask, **kwargs)
+    eager = tiny_llama("eager").generate(ids, attention_mask=mask, **kwargs)
+    assert torch.equal(ours, eager)
+
+
+def test_gradients_flow_and_match_eager():
+    ids = torch.randint(0, 97, (2, 12))
+    losses, grads = [], []
+    for implementation in ("flashext", "eager"):
+        model = tiny_llama(implementation).float()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(model.model.layers[0].self_attn.q_proj.weight.grad)
+    assert abs(losses[0] - losses[1]) < 2e-2
+    torch.testing.assert_close(grads[0], grads[1], rtol=0.1, atol=5e-3)
+
+
+def test_unsupported_requests_are_refused():
+    model = tiny_llama("flashext")
+    with pytest.raises(NotImplementedError, match="output_attentions"):
+        model(torch.randint(0, 97, (1, 5)), output_attentions=True)
+    assert integration._window(None) == (-1, -1) and integration._window(4096) == (4095, -1)
