@@ -120,3 +120,76 @@ def test_unsupported_requests_are_refused():
     with pytest.raises(NotImplementedError, match="output_attentions"):
         model(torch.randint(0, 97, (1, 5)), output_attentions=True)
     assert integration._window(None) == (-1, -1) and integration._window(4096) == (4095, -1)
+
+
+FAMILIES = {  # tiny configs of the decoder families transformers ships: GQA, sliding windows, softcap
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"num_key_value_heads": 2, "sliding_window": 6}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 2}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 6}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"num_key_value_heads": 2, "head_dim": 16,
+                                                         "sliding_window": 6}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {}),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", None),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_decoder_families_with_padding_match_eager(family):
+    config_name, model_name, extra = FAMILIES[family]
+    config_cls, model_cls = getattr(transformers, config_name), getattr(transformers, model_name)
+    if extra is None:  # GPT-2 names its sizes its own way
+        kwargs = {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 97, "bos_token_id": 0, "eos_token_id": 0}
+    else:
+        kwargs = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "vocab_size": 97, **extra}
+    models = {}
+    for implementation in ("flashext", "eager"):
+        torch.manual_seed(0)
+        model = model_cls(config_cls(**kwargs)).to(torch.bfloat16).eval()  # a config each: it records the choice
+        model.set_attn_implementation(implementation)
+        models[implementation] = model
+    ids = torch.randint(0, 97, (2, 14))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    with torch.no_grad():
+        ours = models["flashext"](ids, attention_mask=mask).logits
+        eager = models["eager"](ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], eager[real], rtol=3e-2, atol=3e-2)
+    assert CALLS["varlen"] == 2  # one per layer, through the varlen path
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "bert"])
+def test_apply_flashext_fuses_bias_gelu_and_keeps_the_outputs(family, monkeypatch):
+    fused = {"calls": 0}
+
+    def bias_gelu(x, bias, approximate="none"):
+        fused["calls"] += 1
+        return ref.bias_gelu(x, bias, approximate).to(x.dtype)
+
+    monkeypatch.setattr(flashext, "bias_gelu", bias_gelu)
+    if family == "gpt2":
+        config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=97, bos_token_id=0,
+                                         eos_token_id=0)
+        make = lambda: transformers.GPT2LMHeadModel(config)  # noqa: E731
+    elif family == "gpt_neox":
+        config = transformers.GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                            num_attention_heads=4, vocab_size=97)
+        make = lambda: transformers.GPTNeoXForCausalLM(config)  # noqa: E731
+    else:
+        config = transformers.BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, vocab_size=97)
+        make = lambda: transformers.BertModel(config)  # noqa: E731
+    torch.manual_seed(0)
+    plain = make().eval()
+    patched = make().eval()
+    patched.load_state_dict(plain.state_dict())
+    keys = set(patched.state_dict())
+    done = integration.apply_flashext(patched, attention=family != "bert")
+    assert done["bias_gelu"] == 2 and set(patched.state_dict()) == keys
+    ids = torch.randint(0, 97, (2, 10))
+    with torch.no_grad():
+        want = plain(ids)[0]
+        got = patched(ids)[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert fused["calls"] == 2

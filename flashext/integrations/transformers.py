@@ -15,7 +15,9 @@ not as the module says, the model's scaling, sliding window and softcap, and:
     flash_attention_varlen over the sequences.
 With a KV cache (generate), Sq < Sk and the queries align bottom-right, as in flash-attn.
 Gradients flow (flashext's backward). Dropout > 0 while training and output_attentions raise.
-Needs the `transformers` package (pip install flashext[transformers]).
+apply_flashext(model) does that and fuses biased-Linear + GeLU MLPs (GPT-2, GPT-NeoX, BERT, ViT)
+into flashext.bias_gelu, Liger-style. Needs the `transformers` package (pip install
+flashext[transformers]).
 """
 
 from __future__ import annotations
@@ -109,6 +111,74 @@ def flashext_attention_forward(module: torch.nn.Module, query: Tensor, key: Tens
         out = flashext.flash_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, **options)
         return out[None].to(query.dtype), None
     return flashext.flash_attention(q, k, v, **options).to(query.dtype), None
+
+
+class _BiasGelu(torch.nn.Module):
+    """Stands in for a model's GeLU after `linear`, whose bias it adds (the linear then runs without
+    it): flashext.bias_gelu(h, bias), one pass over h. The linear is held, not registered, so the
+    model's parameters and state_dict keys do not change."""
+
+    def __init__(self, linear: torch.nn.Module, approximate: str):
+        super().__init__()
+        object.__setattr__(self, "_linear", linear)
+        self.approximate = approximate
+
+    def forward(self, h: Tensor) -> Tensor:
+        bias = self._linear.bias
+        return flashext.bias_gelu(h, bias.to(h.dtype), self.approximate)
+
+
+def _gelu_kind(act: torch.nn.Module) -> str | None:
+    """"none" (erf) or "tanh" for the GeLU modules transformers and torch use; None for anything else."""
+    from transformers import activations
+
+    if isinstance(act, torch.nn.GELU):
+        return act.approximate
+    tanh_kinds = tuple(getattr(activations, n) for n in ("NewGELUActivation", "GELUTanh", "PytorchGELUTanh")
+                       if hasattr(activations, n))
+    if isinstance(act, tanh_kinds):
+        return "tanh"
+    if type(act) is getattr(activations, "GELUActivation", None):
+        return "none"
+    return None
+
+
+# (input projection, activation) attribute pairs of MLPs whose input projection has a bias:
+# GPT-2 (a Conv1D), GPT-NeoX, BERT / RoBERTa / ViT intermediate layers, OPT / CLIP-style fc1.
+_MLP_PAIRS = (("c_fc", "act"), ("dense_h_to_4h", "act"), ("dense", "intermediate_act_fn"), ("fc1", "activation_fn"))
+
+
+def _drop_bias(linear: torch.nn.Module) -> bool:
+    """Makes `linear` (nn.Linear or transformers' Conv1D) skip its bias; False if it is neither."""
+    if isinstance(linear, torch.nn.Linear):
+        linear.forward = lambda x, linear=linear: torch.nn.functional.linear(x, linear.weight)
+        return True
+    if type(linear).__name__ == "Conv1D":  # GPT-2: weight (in, out), x @ W + b
+        linear.forward = lambda x, linear=linear: x @ linear.weight
+        return True
+    return False
+
+
+def apply_flashext(model: torch.nn.Module, attention: bool = True, bias_gelu: bool = True) -> dict:
+    """Liger-style patching of a transformers model in place: its attention implementation set to
+    "flashext" (where the model supports custom attention), and every biased projection followed by
+    a GeLU (exact or tanh, as the model's activation is) fused into flashext.bias_gelu. Returns what
+    was changed: {"attention": bool, "bias_gelu": number of MLPs fused}."""
+    done = {"attention": False, "bias_gelu": 0}
+    if attention and hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(NAME)
+        done["attention"] = True
+    if bias_gelu:
+        for module in model.modules():
+            for linear_name, act_name in _MLP_PAIRS:
+                linear, act = getattr(module, linear_name, None), getattr(module, act_name, None)
+                if linear is None or act is None or getattr(linear, "bias", None) is None:
+                    continue
+                kind = _gelu_kind(act)
+                if kind is not None and _drop_bias(linear):
+                    setattr(module, act_name, _BiasGelu(linear, kind))
+                    done["bias_gelu"] += 1
+    return done
 
 
 def _teach_flash_loader() -> None:
