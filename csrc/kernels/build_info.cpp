@@ -6,12 +6,10 @@
 
 #include "flashext/common.h"
 
-#ifndef FLASHEXT_CUDA_ARCHS
-#error "FLASHEXT_CUDA_ARCHS must name the compiled targets, e.g. -DFLASHEXT_CUDA_ARCHS=\"sm_90a\""
-#endif
-
 namespace flashext {
 
+// FLASHEXT_CUDA_ARCHS is the compiled targets' list, which setup.py and tests/cpp/CMakeLists.txt
+// pass as -DFLASHEXT_CUDA_ARCHS="sm_90a;..." (a build without it does not compile).
 const char* compiled_cuda_archs() { return FLASHEXT_CUDA_ARCHS; }
 
 const char* compiled_kernels() {
@@ -20,6 +18,10 @@ const char* compiled_kernels() {
          "bias_gelu_fwd\n"
          "bias_gelu_bwd\n"
          "flash_fwd\n"
+         "flash_bwd\n"
+         "flash_decode\n"
+         "kvcache_append\n"
+         "merge_attention_states\n"
          "online_softmax\n";
 }
 

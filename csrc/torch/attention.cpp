@@ -130,11 +130,22 @@ bool validate_cu_seqlens(const at::Tensor& cu_q, const at::Tensor& cu_k, int64_t
   return values[n - 1] == total_q;
 }
 
-// The kernel's common fields.
-flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& out, const at::Tensor& lse, bool causal,
-                                     std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
-                                     double softcap, int64_t seqlen_q, int64_t seqlen_k) {
+// (batch, row, head) element strides of a dense (B, S, H, D) or packed (total, H, D) tensor.
+void set_strides(int64_t& batch, int64_t& row, int64_t& head, const at::Tensor& t) {
+  const bool packed = t.dim() == 3;
+  batch = packed ? 0 : t.stride(0);
+  row = t.stride(packed ? 0 : 1);
+  head = t.stride(packed ? 1 : 2);
+}
+
+// The kernel's fields for q, k, v, out and lse, dense or (with cu_seqlens) packed; the sequence
+// lengths are the dense ones or the varlen maxima.
+flashext::FlashFwdParams attention_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const at::Tensor& out, const at::Tensor& lse, bool causal,
+                                          std::optional<double> softmax_scale, int64_t window_left,
+                                          int64_t window_right, double softcap, int64_t seqlen_q, int64_t seqlen_k,
+                                          const at::Tensor* cu_seqlens_q = nullptr,
+                                          const at::Tensor* cu_seqlens_k = nullptr, bool align_top_left = false) {
   const int64_t head_dim = q.size(-1);
   flashext::FlashFwdParams p;
   p.q = q.data_ptr();
@@ -142,6 +153,26 @@ flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, c
   p.v = v.data_ptr();
   p.o = out.data_ptr();
   p.lse = lse.data_ptr<float>();
+  set_strides(p.q_batch_stride, p.q_row_stride, p.q_head_stride, q);
+  set_strides(p.k_batch_stride, p.k_row_stride, p.k_head_stride, k);
+  set_strides(p.v_batch_stride, p.v_row_stride, p.v_head_stride, v);
+  set_strides(p.o_batch_stride, p.o_row_stride, p.o_head_stride, out);
+  // lse: dense (B, H, S), packed (H, total)
+  p.lse_batch_stride = lse.dim() == 3 ? lse.stride(0) : 0;
+  p.lse_head_stride = lse.stride(lse.dim() == 3 ? 1 : 0);
+  if (cu_seqlens_q != nullptr) {
+    p.cu_seqlens_q = cu_seqlens_q->data_ptr<int32_t>();
+    p.cu_seqlens_k = cu_seqlens_k->data_ptr<int32_t>();
+    p.total_q = q.size(0);
+    p.total_k = k.size(0);
+    p.batch = int(cu_seqlens_q->size(0) - 1);
+  } else {
+    p.batch = int(q.size(0));
+  }
+  // Varlen: rows of a sequence longer than max_seqlen_q are not computed (as in flash-attn): the
+  // kernel clamps lengths to the maxima, never reading or writing past the packed tensors.
+  p.seqlen_q = int(seqlen_q);
+  p.seqlen_k = int(seqlen_k);
   p.heads = int(q.size(-2));
   p.heads_kv = int(k.size(-2));
   p.head_dim = int(head_dim);
@@ -152,6 +183,7 @@ flashext::FlashFwdParams base_params(const at::Tensor& q, const at::Tensor& k, c
   const auto window = [&](int64_t w) { return w >= seqlen_q + seqlen_k ? -1 : int(w); };
   p.window_left = window(window_left);
   p.window_right = causal ? 0 : window(window_right);
+  p.align_top_left = align_top_left;
   p.dtype = to_kernel_dtype(q.scalar_type());
   return p;
 }
@@ -166,20 +198,11 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const 
   at::Tensor lse = at::empty_symint({q_in.sym_size(0), q_in.sym_size(2), q_in.sym_size(1)},
                                     q_in.options().dtype(at::kFloat));
   if (is_meta(q_in) || out.numel() == 0) return {out, lse};
-  const int64_t batch = q_in.size(0), seqlen_q = q_in.size(1), seqlen_k = k_in.size(1);
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
-  flashext::FlashFwdParams p = base_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,
-                                           softcap, seqlen_q, seqlen_k);
-  p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
-  p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
-  p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
-  p.o_batch_stride = out.stride(0), p.o_row_stride = out.stride(1), p.o_head_stride = out.stride(2);
-  p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1);
-  p.batch = int(batch);
-  p.seqlen_q = int(seqlen_q);
-  p.seqlen_k = int(seqlen_k);
-  p.align_top_left = align_top_left;
+  const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
+                                                      window_right, softcap, q.size(1), k.size(1), nullptr, nullptr,
+                                                      align_top_left);
   check_launch(kFlash, flashext::run_flash_fwd(p, current_stream(q)));
   return {out, lse};
 }
@@ -205,25 +228,11 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   at::Tensor lse = covered ? at::empty_symint(lse_shape, q_in.options().dtype(at::kFloat))
                            : at::full_symint(lse_shape, -INFINITY, q_in.options().dtype(at::kFloat));
   if (is_meta(q_in) || out.numel() == 0 || cu_seqlens_q.size(0) == 1) return {out, lse};
-  const int64_t batch = cu_seqlens_q.size(0) - 1, total_q = q_in.size(0);
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
-  flashext::FlashFwdParams p = base_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,
-                                           softcap, max_seqlen_q, max_seqlen_k);
-  p.q_row_stride = q.stride(0), p.q_head_stride = q.stride(1);
-  p.k_row_stride = k.stride(0), p.k_head_stride = k.stride(1);
-  p.v_row_stride = v.stride(0), p.v_head_stride = v.stride(1);
-  p.o_row_stride = out.stride(0), p.o_head_stride = out.stride(1);
-  p.lse_head_stride = lse.stride(0);
-  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
-  p.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
-  p.total_q = total_q;
-  p.total_k = k.size(0);
-  p.batch = int(batch);
-  // Rows of a sequence longer than max_seqlen_q are not computed (as in flash-attn): the
-  // kernel clamps lengths to the maxima, never reading or writing past the packed tensors.
-  p.seqlen_q = int(max_seqlen_q);
-  p.seqlen_k = int(max_seqlen_k);
+  const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
+                                                      window_right, softcap, max_seqlen_q, max_seqlen_k,
+                                                      &cu_seqlens_q, &cu_seqlens_k);
   check_launch(kFlashVarlen, flashext::run_flash_fwd(p, current_stream(q)));
   return {out, lse};
 }
@@ -272,6 +281,10 @@ void run_backward(const char* fn, flashext::FlashBwdParams& p, const at::Tensor&
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();
   p.dv = dv.data_ptr();
+  set_strides(p.do_batch_stride, p.do_row_stride, p.do_head_stride, dout);
+  set_strides(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, dq);
+  set_strides(p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, dk);
+  set_strides(p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, dv);
   p.deterministic = deterministic;
   FX_CHECK(flashext::flash_bwd_smem_bytes(p.head_dim) > 0, fn, ": head dim ", int64_t(p.head_dim),
            " has no backward kernel that fits this GPU's shared memory per block (", device_smem_kib(dq),
@@ -302,24 +315,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd(
   // lse and dlse in one layout (autograd may hand over an expanded or strided dlse)
   const at::Tensor lse = lse_in.contiguous();
   const at::Tensor dlse = dlse_in.has_value() ? dlse_in->contiguous() : at::Tensor();
-  const int64_t seqlen_q = q.size(1), seqlen_k = k.size(1);
   flashext::FlashBwdParams p;
   static_cast<flashext::FlashFwdParams&>(p) =
-      base_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,
-                  softcap, seqlen_q, seqlen_k);
-  p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
-  p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
-  p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
-  p.o_batch_stride = out.stride(0), p.o_row_stride = out.stride(1), p.o_head_stride = out.stride(2);
-  p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1);
-  p.do_batch_stride = dout.stride(0), p.do_row_stride = dout.stride(1), p.do_head_stride = dout.stride(2);
-  p.dq_batch_stride = dq.stride(0), p.dq_row_stride = dq.stride(1), p.dq_head_stride = dq.stride(2);
-  p.dk_batch_stride = dk.stride(0), p.dk_row_stride = dk.stride(1), p.dk_head_stride = dk.stride(2);
-  p.dv_batch_stride = dv.stride(0), p.dv_row_stride = dv.stride(1), p.dv_head_stride = dv.stride(2);
-  p.batch = int(q.size(0));
-  p.seqlen_q = int(seqlen_q);
-  p.seqlen_k = int(seqlen_k);
-  p.align_top_left = align_top_left;
+      attention_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right, softcap, q.size(1),
+                       k.size(1), nullptr, nullptr, align_top_left);
   run_backward(kFlashBwd, p, dout, dlse, dq, dk, dv, deterministic);
   return {dq, dk, dv};
 }
@@ -348,24 +347,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_varlen_bwd(
   const at::Tensor dlse = dlse_in.has_value() ? dlse_in->contiguous() : at::Tensor();
   flashext::FlashBwdParams p;
   static_cast<flashext::FlashFwdParams&>(p) =
-      base_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,
-                  softcap, max_seqlen_q, max_seqlen_k);
-  p.q_row_stride = q.stride(0), p.q_head_stride = q.stride(1);
-  p.k_row_stride = k.stride(0), p.k_head_stride = k.stride(1);
-  p.v_row_stride = v.stride(0), p.v_head_stride = v.stride(1);
-  p.o_row_stride = out.stride(0), p.o_head_stride = out.stride(1);
-  p.lse_head_stride = lse.stride(0);
-  p.do_row_stride = dout.stride(0), p.do_head_stride = dout.stride(1);
-  p.dq_row_stride = dq.stride(0), p.dq_head_stride = dq.stride(1);
-  p.dk_row_stride = dk.stride(0), p.dk_head_stride = dk.stride(1);
-  p.dv_row_stride = dv.stride(0), p.dv_head_stride = dv.stride(1);
-  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
-  p.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
-  p.total_q = q.size(0);
-  p.total_k = k.size(0);
-  p.batch = int(cu_seqlens_q.size(0) - 1);
-  p.seqlen_q = int(max_seqlen_q);
-  p.seqlen_k = int(max_seqlen_k);
+      attention_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right, softcap, max_seqlen_q,
+                       max_seqlen_k, &cu_seqlens_q, &cu_seqlens_k);
   run_backward(kFlashVarlenBwd, p, dout, dlse, dq, dk, dv, deterministic);
   return {dq, dk, dv};
 }

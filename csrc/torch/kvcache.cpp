@@ -116,7 +116,6 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_with_kvcache(
     p.num_pages = int(k_cache.size(0));
     p.capacity = int(std::min<int64_t>(block_table->size(1) * k_cache.size(1), INT32_MAX / 2));
   } else {
-    p.page_size = int(k_cache.size(1));
     p.capacity = int(std::min<int64_t>(k_cache.size(1), INT32_MAX / 2));
   }
   p.seqlen_new = k_new.has_value() ? int(k_new->size(1)) : 0;

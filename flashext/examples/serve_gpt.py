@@ -86,14 +86,14 @@ class FlashextServer:
         x = self.w["embed"][tokens]
         zero = torch.zeros(self.batch, dtype=torch.int32, device="cuda")
         longest = int(lengths.max())
+        rows = torch.repeat_interleave(torch.arange(self.batch, device="cuda"), lengths.long())  # packed row's sequence
         for i, layer in enumerate(self.w["layers"]):
             def attend(q, k, v, i=i):
                 # the prompt's keys into this layer's pages: an append at length 0, no queries
                 padded_k = torch.zeros(self.batch, longest, HEADS_KV, HEAD_DIM, dtype=k.dtype, device="cuda")
                 padded_v = torch.zeros_like(padded_k)
-                for b in range(self.batch):
-                    padded_k[b, : len(prompts[b])] = k[cu[b]:cu[b + 1]]
-                    padded_v[b, : len(prompts[b])] = v[cu[b]:cu[b + 1]]
+                padded_k[rows, positions] = k
+                padded_v[rows, positions] = v
                 flashext.flash_attention_with_kvcache(q[:0].view(self.batch, 0, HEADS, HEAD_DIM), self.k_cache[i],
                                                       self.v_cache[i], zero, padded_k, padded_v,
                                                       block_table=self.table)

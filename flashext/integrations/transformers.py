@@ -57,8 +57,10 @@ def _unpadded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor):
     packed_q = q.reshape(batch * seqlen_q, *q.shape[2:])[queries]
     packed_k = k.reshape(-1, *k.shape[2:])[keys]
     packed_v = v.reshape(-1, *v.shape[2:])[keys]
-    return (packed_q, packed_k, packed_v, _cu_seqlens(lengths_q), _cu_seqlens(lengths_k),
-            int(lengths_q.max()), int(lengths_k.max()), queries)
+    # the padded lengths bound the real ones: no host read of the maxima (blocks past a sequence's
+    # end exit at once)
+    return (packed_q, packed_k, packed_v, _cu_seqlens(lengths_q), _cu_seqlens(lengths_k), seqlen_q, mask.shape[1],
+            queries)
 
 
 def _packed_offsets(position_ids: Tensor | None, kwargs: dict):
@@ -73,8 +75,7 @@ def _packed_offsets(position_ids: Tensor | None, kwargs: dict):
     if starts.numel() <= 1:
         return None  # one sequence: the dense path
     cu = torch.cat([starts, torch.tensor([flat.numel()], device=flat.device)]).int()
-    longest = int(cu.diff().max())
-    return cu, cu, longest, longest
+    return cu, cu, flat.numel(), flat.numel()  # bounds of the longest sequence, read without a sync
 
 
 def flashext_attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
@@ -98,7 +99,9 @@ def flashext_attention_forward(module: torch.nn.Module, query: Tensor, key: Tens
                "softcap": float(softcap or 0.0)}
     if attention_mask is not None and attention_mask.dim() == 2:
         packed_q, packed_k, packed_v, cu_q, cu_k, max_q, max_k, rows = _unpadded(q, k, v, attention_mask)
-        out = flashext.flash_attention_varlen(packed_q, packed_k, packed_v, cu_q, cu_k, max_q, max_k, **options)
+        # offsets built here are valid by construction: no validation (a host sync in every layer)
+        out = flashext.flash_attention_varlen(packed_q, packed_k, packed_v, cu_q, cu_k, max_q, max_k, validate=False,
+                                              **options)
         full = out.new_zeros(q.shape[0] * q.shape[1], *out.shape[1:])
         full[rows] = out
         return full.view(*q.shape[:2], *out.shape[1:]).to(query.dtype), None
@@ -108,7 +111,7 @@ def flashext_attention_forward(module: torch.nn.Module, query: Tensor, key: Tens
     packed = _packed_offsets(kwargs.get("position_ids"), kwargs)
     if packed is not None:
         cu_q, cu_k, max_q, max_k = packed
-        out = flashext.flash_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, **options)
+        out = flashext.flash_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, validate=False, **options)
         return out[None].to(query.dtype), None
     return flashext.flash_attention(q, k, v, **options).to(query.dtype), None
 

@@ -208,12 +208,14 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, 
             (q.stride(0), q.stride(1), q.stride(2)), (k.stride(0), k.stride(1), k.stride(2)),
             (v.stride(0), v.stride(1), v.stride(2)), (out.stride(0), out.stride(1), out.stride(2)),
             (lse.stride(0), lse.stride(1)), causal, softmax_scale, window_size, softcap, block_m, block_n,
-            block_sparse=(mask, stride(0), stride(1), mask.stride(2), mask.stride(3), *block_size))
+            extra={"BLOCK_MASK": mask, "stride_mb": stride(0), "stride_mh": stride(1), "stride_mr": mask.stride(2),
+                   "stride_mc": mask.stride(3), "mask_rows": block_size[0], "mask_cols": block_size[1],
+                   "BLOCK_SPARSE": True})
     return out, lse
 
 
 def _launch(q, k, v, out, lse, cu_q, cu_k, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim,
-            sq, sk, sv, so, sl, causal, softmax_scale, window_size, softcap, block_m, block_n, block_sparse=None):
+            sq, sk, sv, so, sl, causal, softmax_scale, window_size, softcap, block_m, block_n, extra=None):
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("flash_attention twin: the last dim of q, k and v must be contiguous")
     if heads % heads_kv != 0:
@@ -234,9 +236,7 @@ def _launch(q, k, v, out, lse, cu_q, cu_k, batch, seqlen_q, seqlen_k, heads, hea
         VARLEN=varlen, HAS_SOFTCAP=softcap > 0,
         # bf16 values are exact in fp32 and their products too: same math, accumulation order aside
         DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16,
-        **({} if block_sparse is None else dict(zip(
-            ("BLOCK_MASK", "stride_mb", "stride_mh", "stride_mr", "stride_mc", "mask_rows", "mask_cols"),
-            block_sparse), BLOCK_SPARSE=True)),
+        **(extra or {}),  # block-sparse: the mask and its layout
     )
 
 

@@ -86,7 +86,7 @@ void run_case(const Case& c) {
     p.block_table_stride = pages_per_seq;
     p.num_pages = num_pages;
   }
-  p.page_size = rows_per_block;
+  p.page_size = c.page_size;
   p.capacity = paged ? pages_per_seq * c.page_size : c.capacity;
   p.seqlen_new = c.seqlen_new;
   p.batch = c.batch, p.heads = c.heads, p.heads_kv = c.heads_kv, p.head_dim = d, p.seqlen_q = c.seqlen_q;

@@ -119,7 +119,7 @@ struct FlashDecodeParams {
   const int32_t* block_table = nullptr;    // null: dense caches
   int64_t block_table_stride = 0;
   int num_pages = 0;  // paged: page ids are clamped into [0, num_pages), so no table reaches outside
-  int page_size = 0;  // paged: tokens per page; dense: the capacity
+  int page_size = 0;  // paged: tokens per page (dense: unused)
   // Tokens a sequence's cache holds. A length past it (cache_seqlens[b] + seqlen_new > capacity) is
   // clamped: the tokens past the end are dropped and the queries align to the last kept key.
   int capacity = 0;
