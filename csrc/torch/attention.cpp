@@ -273,9 +273,24 @@ int64_t device_smem_kib(const at::Tensor& t) {
   return bytes / 1024;
 }
 
-// The backward's fields beyond the forward's, and its launch with a workspace from torch's allocator.
-void run_backward(const char* fn, flashext::FlashBwdParams& p, const at::Tensor& dout, const at::Tensor& dlse,
-                  at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool deterministic) {
+// The backward's launch after its checks, for dense and (with cu_seqlens) packed inputs alike:
+// aligned rows, lse and dlse in one contiguous layout (autograd may hand over an expanded or
+// strided dlse), the kernel's fields, and a workspace from torch's allocator.
+void run_backward(const char* fn, const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
+                  const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse_in,
+                  const std::optional<at::Tensor>& dlse_in, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+                  bool causal, std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
+                  double softcap, int64_t seqlen_q, int64_t seqlen_k, const at::Tensor* cu_seqlens_q,
+                  const at::Tensor* cu_seqlens_k, bool align_top_left, bool deterministic) {
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
+  const at::Tensor dout = grad_rows(dout_in), out = aligned_rows(out_in);
+  const at::Tensor lse = lse_in.contiguous();
+  const at::Tensor dlse = dlse_in.has_value() ? dlse_in->contiguous() : at::Tensor();
+  flashext::FlashBwdParams p;
+  static_cast<flashext::FlashFwdParams&>(p) =
+      attention_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right, softcap, seqlen_q,
+                       seqlen_k, cu_seqlens_q, cu_seqlens_k, align_top_left);
   p.dout = dout.data_ptr();
   p.dlse = dlse.defined() ? dlse.data_ptr<float>() : nullptr;
   p.dq = dq.data_ptr();
@@ -309,17 +324,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd(
   at::Tensor dk = empty ? at::zeros_symint(k_in.sym_sizes(), k_in.options()) : at::empty_symint(k_in.sym_sizes(), k_in.options());
   at::Tensor dv = empty ? at::zeros_symint(v_in.sym_sizes(), v_in.options()) : at::empty_symint(v_in.sym_sizes(), v_in.options());
   if (is_meta(q_in) || empty) return {dq, dk, dv};
-  const c10::cuda::CUDAGuard guard(q_in.device());
-  const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
-  const at::Tensor dout = grad_rows(dout_in), out = aligned_rows(out_in);
-  // lse and dlse in one layout (autograd may hand over an expanded or strided dlse)
-  const at::Tensor lse = lse_in.contiguous();
-  const at::Tensor dlse = dlse_in.has_value() ? dlse_in->contiguous() : at::Tensor();
-  flashext::FlashBwdParams p;
-  static_cast<flashext::FlashFwdParams&>(p) =
-      attention_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right, softcap, q.size(1),
-                       k.size(1), nullptr, nullptr, align_top_left);
-  run_backward(kFlashBwd, p, dout, dlse, dq, dk, dv, deterministic);
+  run_backward(kFlashBwd, dout_in, q_in, k_in, v_in, out_in, lse_in, dlse_in, dq, dk, dv, causal, softmax_scale,
+               window_left, window_right, softcap, q_in.size(1), k_in.size(1), nullptr, nullptr, align_top_left,
+               deterministic);
   return {dq, dk, dv};
 }
 
@@ -340,16 +347,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_varlen_bwd(
   at::Tensor dv = at::zeros_symint(v_in.sym_sizes(), v_in.options());
   if (is_meta(q_in)) return {dq, dk, dv};
   if (q_in.numel() == 0 || k_in.numel() == 0 || cu_seqlens_q.size(0) == 1) return {dq.zero_(), dk, dv};
-  const c10::cuda::CUDAGuard guard(q_in.device());
-  const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
-  const at::Tensor dout = grad_rows(dout_in), out = aligned_rows(out_in);
-  const at::Tensor lse = lse_in.contiguous();
-  const at::Tensor dlse = dlse_in.has_value() ? dlse_in->contiguous() : at::Tensor();
-  flashext::FlashBwdParams p;
-  static_cast<flashext::FlashFwdParams&>(p) =
-      attention_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right, softcap, max_seqlen_q,
-                       max_seqlen_k, &cu_seqlens_q, &cu_seqlens_k);
-  run_backward(kFlashVarlenBwd, p, dout, dlse, dq, dk, dv, deterministic);
+  run_backward(kFlashVarlenBwd, dout_in, q_in, k_in, v_in, out_in, lse_in, dlse_in, dq, dk, dv, causal,
+               softmax_scale, window_left, window_right, softcap, max_seqlen_q, max_seqlen_k, &cu_seqlens_q,
+               &cu_seqlens_k, false, deterministic);
   return {dq, dk, dv};
 }
 

@@ -156,6 +156,15 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
+def _scale(head_dim: int, softmax_scale: float | None) -> float:
+    return head_dim**-0.5 if softmax_scale is None else softmax_scale
+
+
+def _window(window_size: tuple[int, int], causal: bool) -> tuple[int, int]:
+    """(left, right) as the kernels take them: causal is right = 0."""
+    return window_size[0], 0 if causal else window_size[1]
+
+
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
                     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     block_m: int = 64, block_n: int = 64, out: Tensor | None = None,
@@ -222,10 +231,8 @@ def _launch(q, k, v, out, lse, cu_q, cu_k, batch, seqlen_q, seqlen_k, heads, hea
         raise ValueError(f"flash_attention twin: H = {heads} is not a multiple of Hkv = {heads_kv}")
     if batch == 0 or seqlen_q == 0 or heads == 0:
         return
-    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
-    left, right = window_size
-    if causal:
-        right = 0
+    scale = _scale(head_dim, softmax_scale)
+    left, right = _window(window_size, causal)
     varlen = cu_q is not None
     grid = (triton.cdiv(seqlen_q, block_m), batch * heads)
     flash_attention_fwd_kernel[grid](
@@ -402,8 +409,6 @@ def flash_attention_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tenso
     return dq_accum.mul(_scale(head_dim, softmax_scale)).to(q.dtype), dk, dv
 
 
-def _scale(head_dim: int, softmax_scale: float | None) -> float:
-    return head_dim**-0.5 if softmax_scale is None else softmax_scale
 
 
 def _launch_bwd(dout, q, k, v, dk, dv, dq_accum, lse2, dsum, cu_q, cu_k, batch, seqlen_q, seqlen_k,
@@ -418,9 +423,7 @@ def _launch_bwd(dout, q, k, v, dk, dv, dq_accum, lse2, dsum, cu_q, cu_k, batch, 
         dv.zero_()
         return
     scale = _scale(head_dim, softmax_scale)
-    left, right = window_size
-    if causal:
-        right = 0
+    left, right = _window(window_size, causal)
     varlen = cu_q is not None
     grid = (triton.cdiv(seqlen_k, block_n), batch * heads_kv)
     flash_attention_bwd_kernel[grid](
@@ -587,10 +590,8 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_se
     group = heads // heads_kv
     o_part = torch.empty(num_splits, batch, seqlen_q, heads, head_dim, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(num_splits, batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
-    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
-    left, right = window_size
-    if causal:
-        right = 0
+    scale = _scale(head_dim, softmax_scale)
+    left, right = _window(window_size, causal)
     grid = (triton.cdiv(seqlen_q * group, block_m), batch * heads_kv, num_splits)
     attention_kvcache_split_kernel[grid](
         q, k_cache, v_cache, cache_seqlens, block_table if paged else cache_seqlens, o_part, lse_part,
