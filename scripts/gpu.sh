@@ -15,6 +15,8 @@
 #             FLASHEXT_AB_FLAGS="-DNAME=1" added; bench_attention runs A B A B (narrow it with
 #             FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to $OUT/{a1,b1,a2,b2}.json, for
 #             benchmarks/compare_ab.py
+#   pytest_each  pytest once per test file, each in its own process (a fault in one file cannot
+#             fail the others), FLASHEXT_PYTEST_TIMEOUT seconds each (default 300)
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
 #   FLASHEXT_PROFILE_SHAPES="bf16:256:0:512"  profile's shapes; FLASHEXT_PROFILE_SOURCE=1 adds
@@ -162,6 +164,9 @@ for step in "${steps[@]}"; do
     build) run_step build build || break ;;
     main) run_step "python -m flashext" $PY -m flashext ;;
     pytest) run_step pytest $PY -m pytest -q -p no:cacheprovider ${FLASHEXT_PYTEST_PATHS:-tests} ${FLASHEXT_PYTEST_ARGS:-} ;;
+    pytest_each) for f in ${FLASHEXT_PYTEST_PATHS:-tests/test_*.py}; do
+        run_step "pytest $f" timeout "${FLASHEXT_PYTEST_TIMEOUT:-300}" $PY -m pytest -q -p no:cacheprovider --tb=short "$f" ${FLASHEXT_PYTEST_ARGS:-}
+      done ;;
     ctest) run_step ctest ctest_run ;;
     sanitize) run_step compute-sanitizer sanitize ;;
     bench) run_step bench_gelu $PY benchmarks/bench_gelu.py ${BENCH_ARGS:-} ;;
