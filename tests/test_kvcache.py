@@ -63,7 +63,7 @@ def test_paged_cache_and_appends_across_pages(page_size):
     g = torch.Generator().manual_seed(page_size)
     kc, vc = (randn(4, 700, 2, 128, dtype=torch.bfloat16) for _ in range(2))
     pages_k, table = paged(kc, page_size, g)
-    pages_v = torch.empty_like(pages_k)
+    pages_v = torch.randn_like(pages_k)  # pages outside the table too: torch.equal below compares them
     t = torch.arange(kc.shape[1], device="cuda")
     for b in range(4):
         pages_v[table[b, t // page_size].long(), t % page_size] = vc[b]
