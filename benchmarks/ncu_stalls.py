@@ -15,8 +15,9 @@ import sys
 
 
 def short_name(kernel: str) -> str:
-    if "FlashFwdConfig<" in kernel:
-        return "ours D" + kernel.split("FlashFwdConfig<")[1].split(">")[0]
+    for config in ("FlashFwdConfig<", "FlashBwdConfig<"):
+        if config in kernel:
+            return "ours D" + kernel.split(config)[1].split(">")[0].split(",")[0]
     match = re.search(r"traits<(\d+), (\d+), (\d+), (\d+)", kernel)
     return f"FA2 D{match.group(1)} {match.group(2)}x{match.group(3)}" if match else kernel[:16]
 

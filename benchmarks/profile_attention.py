@@ -1,6 +1,8 @@
-"""One launch of each forward on a few grid shapes, for Nsight Compute to read side by side.
+"""One launch of each forward (or backward) on a few grid shapes, for Nsight Compute to read side
+by side.
 
     ncu --clock-control none -k regex:flash_fwd --section ... python benchmarks/profile_attention.py
+    FLASHEXT_PROFILE_BWD=1 ncu -k regex:"flash_bwd_kernel|flash_bwd_dq_dk_dv" ... (the backward)
 
 Runs flashext.flash_attention and SDPA's flash backend (FlashAttention-2) once per shape, on the
 benchmark grid's shapes (B · S = 16384 tokens, H = 2048 / D), so each pair of profiled kernels
@@ -22,13 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import flashext  # noqa: E402
 
 DEFAULT = "bf16:64:1:512,bf16:64:1:2048,bf16:128:0:512,bf16:256:0:2048,bf16:256:1:1024,bf16:128:0:16384"
+DEFAULT_BWD = "bf16:64:0:4096,bf16:128:0:4096,bf16:128:1:4096,bf16:256:0:4096"
 
 
 def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
-    for spec in os.environ.get("FLASHEXT_PROFILE_SHAPES", DEFAULT).split(","):
+    backward = os.environ.get("FLASHEXT_PROFILE_BWD") == "1"
+    for spec in os.environ.get("FLASHEXT_PROFILE_SHAPES", DEFAULT_BWD if backward else DEFAULT).split(","):
         dname, head_dim, causal, seqlen = spec.split(":")
         head_dim, causal, seqlen = int(head_dim), causal == "1", int(seqlen)
         batch, heads = 16384 // seqlen, 2048 // head_dim
@@ -37,9 +41,17 @@ def main():
                    for _ in range(3))
         print(f"shape {dname} D={head_dim} {'causal' if causal else 'full'} S={seqlen}: flashext, then sdpa_flash",
               flush=True)
-        flashext.flash_attention(q, k, v, causal=causal)
+        if backward:
+            q, k, v = (t.requires_grad_() for t in (q, k, v))
+            dout = torch.randn_like(q)
+        out = flashext.flash_attention(q, k, v, causal=causal)
+        if backward:
+            out.backward(dout)
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=causal)
+            if backward:
+                out.backward(dout.transpose(1, 2))
         torch.cuda.synchronize()
 
 

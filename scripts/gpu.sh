@@ -19,6 +19,7 @@
 #             fail the others), FLASHEXT_PYTEST_TIMEOUT seconds each (default 300)
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
+#   FLASHEXT_PROFILE_BWD=1  profile the backward's main kernels instead of the forward
 #   FLASHEXT_PROFILE_SHAPES="bf16:256:0:512"  profile's shapes; FLASHEXT_PROFILE_SOURCE=1 adds
 #             per-instruction stall sampling (attention_source.csv)
 #
@@ -91,7 +92,9 @@ profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash
   # it as SASS-level CSV to $OUT/attention_source.csv.
   local source=()
   [ "${FLASHEXT_PROFILE_SOURCE:-0}" = 1 ] && source=(--section SourceCounters)
-  ncu --clock-control none -k regex:flash_fwd -f -o "$OUT/attention_profile" \
+  local kernels=flash_fwd
+  [ "${FLASHEXT_PROFILE_BWD:-0}" = 1 ] && kernels="flash_bwd_kernel|flash_bwd_dq_dk_dv"
+  ncu --clock-control none -k "regex:$kernels" -f -o "$OUT/attention_profile" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
     --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis_Tables "${source[@]}" $PY benchmarks/profile_attention.py || return 1
