@@ -77,6 +77,10 @@ struct FlashFwdConfig {
   // Rescale acc_o on every key block at D ≥ 128 (the softmax and P V then form one basic block for
   // the scheduler); at D = 64 the warp vote that skips it when no row max moved is faster.
   static constexpr bool kRescaleAlways = kHeadDim >= 128;
+  // The row sum l: at D ≤ 128 one mma per 16 keys of the 16-bit P against ones (the sum of exactly
+  // the values P V multiplies, so the exponent may be the folded 2^(s·c − m·c)); at D = 256, where
+  // those mmas cost 3.5–4%, an fp32 FADD per score of P = 2^((s − m)·c), exact at the max.
+  static constexpr bool kFp32RowSum = kHeadDim == 256;
   static constexpr int kSmemBytes = (kTileQ + 2 * kKVBuffers * kTileKV) * 2;
   // Persistent blocks for uniform work at D = 256: a tile's last key block requests the next
   // tile's Q and first K, and its O is staged in the V buffer while they load.
@@ -100,6 +104,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
   constexpr int kMTiles = Config::kMTiles;
   constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S per row tile
   constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per row tile
+  constexpr bool kFp32Sum = Config::kFp32RowSum;
   extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: see swizzled_chunk_addr
   T* smem_q = reinterpret_cast<T*>(smem_raw);
   T* smem_k = smem_q + Config::kTileQ;  // kKVBuffers buffers each
@@ -337,6 +342,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       // Online softmax per row: new max (the row's 4 owners are one lane quad), P = 2^(s·c − m·c),
       // rescale what was accumulated under the old max. P is packed to 16 bits at once (half the
       // registers of the fp32 S): p16[i][j][r] holds row g + 8 · r, columns 2 · quad + {0, 1}.
+      // (kFp32RowSum: P = 2^((s − m)·c) stays in s, summed in fp32, packed only for P V.)
       uint32_t p16[kMTiles][kNTiles][2];
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
@@ -352,11 +358,25 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
           const float new_max = fmaxf(row_max[i][r], tile_max);
           const float alpha = rescale_factor(row_max[i][r], new_max, score_scale);  // 2^((m_old − m_new)·c), 0 if empty
-          const float base = safe_row_max(new_max) * score_scale;
+          if constexpr (kFp32Sum) {  // P stays fp32 in s (packed for P V), l gets this thread's partial sum
+            const float raw_base = safe_row_max(new_max);
+            float tile_sum = 0.0f;
 #pragma unroll
-          for (int j = 0; j < kNTiles; ++j) {
-            p16[i][j][r] = ptx::pack2<T>(ptx::exp2_approx(fmaf(s[i][j][2 * r], score_scale, -base)),  // −inf → 0
-                                         ptx::exp2_approx(fmaf(s[i][j][2 * r + 1], score_scale, -base)));
+            for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+              for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                s[i][j][e] = ptx::exp2_approx((s[i][j][e] - raw_base) * score_scale);  // −inf → 0
+                tile_sum += s[i][j][e];
+              }
+            }
+            row_sum[i][2 * r] = row_sum[i][2 * r] * alpha + tile_sum;
+          } else {
+            const float base = safe_row_max(new_max) * score_scale;
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j) {
+              p16[i][j][r] = ptx::pack2<T>(ptx::exp2_approx(fmaf(s[i][j][2 * r], score_scale, -base)),  // −inf → 0
+                                           ptx::exp2_approx(fmaf(s[i][j][2 * r + 1], score_scale, -base)));
+            }
           }
           row_max[i][r] = new_max;
           row_alpha[r] = alpha;
@@ -364,10 +384,12 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         // acc_o · 2^(m − m'). Once the row maxima settle most key blocks leave them unchanged, so
         // unless kRescaleAlways the warp skips it when none of its rows moved (a uniform branch).
         if (Config::kRescaleAlways || __any_sync(0xffffffffu, row_alpha[0] != 1.0f || row_alpha[1] != 1.0f)) {
-          row_sum[i][0] *= row_alpha[0];
-          row_sum[i][1] *= row_alpha[0];
-          row_sum[i][2] *= row_alpha[1];
-          row_sum[i][3] *= row_alpha[1];
+          if constexpr (!kFp32Sum) {  // (the fp32 sum was rescaled above)
+            row_sum[i][0] *= row_alpha[0];
+            row_sum[i][1] *= row_alpha[0];
+            row_sum[i][2] *= row_alpha[1];
+            row_sum[i][3] *= row_alpha[1];
+          }
 #pragma unroll
           for (int t = 0; t < kDTiles; ++t) {
             acc_o[i][t][0] *= row_alpha[0];
@@ -378,11 +400,13 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         }
         // l += rowsum P on the tensor cores: one mma per 16 keys instead of an FADD per score, and
         // the sum of exactly the values P V multiplies.
+        if constexpr (!kFp32Sum) {
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-          const uint32_t p_frag[4] = {p16[i][2 * kk][0], p16[i][2 * kk][1],  //
-                                      p16[i][2 * kk + 1][0], p16[i][2 * kk + 1][1]};
-          ptx::mma_16816<T>(row_sum[i], p_frag, ptx::ones2<T>(), ptx::ones2<T>());
+          for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            const uint32_t p_frag[4] = {p16[i][2 * kk][0], p16[i][2 * kk][1],  //
+                                        p16[i][2 * kk + 1][0], p16[i][2 * kk + 1][1]};
+            ptx::mma_16816<T>(row_sum[i], p_frag, ptx::ones2<T>(), ptx::ones2<T>());
+          }
         }
       }
 
@@ -401,10 +425,17 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         uint32_t p_frag[kMTiles][4];
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i) {
-          p_frag[i][0] = p16[i][2 * kk][0];
-          p_frag[i][1] = p16[i][2 * kk][1];
-          p_frag[i][2] = p16[i][2 * kk + 1][0];
-          p_frag[i][3] = p16[i][2 * kk + 1][1];
+          if constexpr (kFp32Sum) {
+            p_frag[i][0] = ptx::pack2<T>(s[i][2 * kk][0], s[i][2 * kk][1]);
+            p_frag[i][1] = ptx::pack2<T>(s[i][2 * kk][2], s[i][2 * kk][3]);
+            p_frag[i][2] = ptx::pack2<T>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+            p_frag[i][3] = ptx::pack2<T>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+          } else {
+            p_frag[i][0] = p16[i][2 * kk][0];
+            p_frag[i][1] = p16[i][2 * kk][1];
+            p_frag[i][2] = p16[i][2 * kk + 1][0];
+            p_frag[i][3] = p16[i][2 * kk + 1][1];
+          }
         }
 #pragma unroll
         for (int tp = 0; tp < kDTiles / 2; ++tp) {
@@ -434,7 +465,11 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float total = row_sum[i][2 * r];
+        float total = row_sum[i][2 * r];
+        if constexpr (kFp32Sum) {  // the row's four owners' partial sums
+          total += __shfl_xor_sync(0xffffffffu, total, 1);
+          total += __shfl_xor_sync(0xffffffffu, total, 2);
+        }
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         const int tile_row = warp_row0 + 16 * i + group + 8 * r;
 #pragma unroll
