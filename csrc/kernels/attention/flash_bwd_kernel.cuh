@@ -32,6 +32,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/device.h"
 #include "../common/online_softmax.h"
@@ -359,33 +360,77 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
       }
     }
 
-    // P = 2^(s · c − lse · log2 e) and dS = P ∘ (dP − D) (∘ (1 − tanh²) soft-capped), with keys
-    // and queries that cannot see each other at P = 0. Element (j, e) of this thread: key
-    // n_start + 16 · wk + group + 8 · (e / 2), query m_start + wq · kQCols + 8 · j + 2 · quad + e % 2.
+    // Soft-cap (rare: a uniform branch), then the mask, only on blocks that cross a boundary;
+    // element (j, e) of this thread is key key0 + 8 · (e / 2), query query0 + 8 · j + e % 2.
+    const int key0 = n_start + 16 * wk + group, query0 = m_start + wq * kQCols + 2 * quad;
+    if (softcap_on) {
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = p.softcap * tanhf(s[j][e] * cap_scale);
+    }
     const bool full_block = n_start + kBlockN <= seq.seqlen_k && m_start + kBlockM <= seq.seqlen_q &&
                             (p.window_right < 0 || n_last <= m_start + diag + p.window_right) &&
                             (p.window_left < 0 || n_start >= m_start + kBlockM - 1 + diag - p.window_left);
-    const int key0 = n_start + 16 * wk + group, query0 = m_start + wq * kQCols + 2 * quad;
+    if (!full_block) {
+      // Per key row the visible queries are [lo, hi) (key j sees row i when i + diag −
+      // window_left ≤ j ≤ i + diag + window_right); relative to query0 each element is one
+      // compare against a constant per bound after unrolling. Keys past the sequence see none.
+      // Without window_right (no lower bound: neither causal nor a right window) that test is
+      // compiled out.
+      const auto mask = [&](auto with_lo) {
+        constexpr bool kWithLo = decltype(with_lo)::value;
 #pragma unroll
-    for (int j = 0; j < kSTiles; ++j) {
+        for (int r = 0; r < 2; ++r) {
+          const int key = key0 + 8 * r;
+          const int hi = key >= seq.seqlen_k ? 0
+                         : p.window_left < 0 ? seq.seqlen_q
+                                             : min(seq.seqlen_q, key - diag + p.window_left + 1);
+          const int hi_rel = hi - query0, lo_rel = key - diag - p.window_right - query0;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = wq * kQCols + 8 * j + 2 * quad + e % 2;  // query within the block
-        float x = s[j][e];
-        if (softcap_on) x = p.softcap * tanhf(x * cap_scale);
-        bool visible = true;
-        if (!full_block) {
-          const int key = key0 + 8 * (e / 2), query = query0 + 8 * j + e % 2;
-          visible = key < seq.seqlen_k && query < seq.seqlen_q &&
-                    (p.window_right < 0 || key <= query + diag + p.window_right) &&
-                    (p.window_left < 0 || key >= query + diag - p.window_left);
+          for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              if (8 * j + e >= hi_rel || (kWithLo && 8 * j + e < lo_rel)) s[j][2 * r + e] = -INFINITY;
+            }
+          }
         }
-        const float prob = visible ? ptx::exp2_approx(fmaf(x, score_scale, -lse2[col])) : 0.0f;
-        float ds = prob * (dp[j][e] - dsum[col]);
-        if (softcap_on) ds *= 1.0f - (x * inv_softcap) * (x * inv_softcap);
-        s[j][e] = prob;
-        dp[j][e] = ds;
+      };
+      if (p.window_right < 0) {
+        mask(std::false_type{});
+      } else {
+        mask(std::true_type{});
       }
+    }
+
+    // P = 2^(s · c − lse · log2 e) (0 where masked, and for a row that saw no key: lse2 = +inf)
+    // and dS = P ∘ (dP − D), soft-capped ∘ (1 − tanh²). The row statistics of this thread's two
+    // columns per n8 tile are one 8-byte shared load each.
+    const auto probs_and_ds = [&](auto capped) {
+      constexpr bool kCapped = decltype(capped)::value;
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j) {
+        const int col = wq * kQCols + 8 * j + 2 * quad;
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + col);
+        const float2 d2 = *reinterpret_cast<const float2*>(dsum + col);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = s[j][e];
+          const float prob = ptx::exp2_approx(fmaf(x, score_scale, -(e % 2 ? l2.y : l2.x)));
+          float ds = prob * (dp[j][e] - (e % 2 ? d2.y : d2.x));
+          if constexpr (kCapped) {
+            const float t = x * inv_softcap;
+            ds = prob > 0.0f ? ds * (1.0f - t * t) : 0.0f;  // (masked: x = −inf)
+          }
+          s[j][e] = prob;
+          dp[j][e] = ds;
+        }
+      }
+    };
+    if (softcap_on) {
+      probs_and_ds(std::true_type{});
+    } else {
+      probs_and_ds(std::false_type{});
     }
 
     // Pᵀ and dSᵀ as 16-bit A fragments: k16 step kk covers this warp's queries 16 · kk + [0, 16).
@@ -484,23 +529,30 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
         }
         __syncthreads();
       }
+      // Rows past the sequence and columns past head_dim are skipped (whole blocks test nothing).
+      const bool whole = m_start + kBlockM <= seq.seqlen_q && p.head_dim == kHeadDim;
+      const auto add_dq = [&](auto deterministic) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = m_start + 16 * rt + group + 8 * r;
-        if (row >= seq.seqlen_q) continue;
-        float* dst = w.dq_accum + ((accum_row0 + row) * p.heads + head) * p.head_dim;
+        for (int r = 0; r < 2; ++r) {
+          const int row = m_start + 16 * rt + group + 8 * r;
+          float* dst = w.dq_accum + ((accum_row0 + row) * p.heads + head) * p.head_dim + col0 + 2 * quad;
 #pragma unroll
-        for (int t = 0; t < kDqTiles; ++t) {
-          const int col = col0 + 8 * t + 2 * quad;
-          if (col >= p.head_dim) continue;
-          if (p.deterministic) {
-            const float2 old = __ldcg(reinterpret_cast<const float2*>(dst + col));
-            __stcg(reinterpret_cast<float2*>(dst + col), make_float2(old.x + acc_dq[t][2 * r], old.y + acc_dq[t][2 * r + 1]));
-          } else {
-            atomicAdd(dst + col, acc_dq[t][2 * r]);
-            atomicAdd(dst + col + 1, acc_dq[t][2 * r + 1]);
+          for (int t = 0; t < kDqTiles; ++t) {
+            if (!whole && (row >= seq.seqlen_q || col0 + 8 * t + 2 * quad >= p.head_dim)) continue;
+            if constexpr (decltype(deterministic)::value) {
+              const float2 old = __ldcg(reinterpret_cast<const float2*>(dst + 8 * t));
+              __stcg(reinterpret_cast<float2*>(dst + 8 * t),
+                     make_float2(old.x + acc_dq[t][2 * r], old.y + acc_dq[t][2 * r + 1]));
+            } else {
+              ptx::red_add_f32x2(dst + 8 * t, acc_dq[t][2 * r], acc_dq[t][2 * r + 1]);
+            }
           }
         }
+      };
+      if (p.deterministic) {
+        add_dq(std::true_type{});
+      } else {
+        add_dq(std::false_type{});
       }
       if (p.deterministic) {
         __syncthreads();  // every thread's additions are issued

@@ -110,6 +110,17 @@ FX_DEVICE int ld_acquire(const int* ptr) {
   return v;
 }
 
+// PTX ISA §9.7.13.6 red.global.add.v2.f32 (sm_90+): dst[0] += a, dst[1] += b in one reduction,
+// no value returned (8-byte aligned dst); two scalar reductions before sm_90.
+FX_DEVICE void red_add_f32x2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
 // Two 16-bit ones in one register (an mma operand that sums the other's rows).
 template <typename T>
 FX_DEVICE constexpr uint32_t ones2();
