@@ -266,11 +266,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
 
   const T* k = static_cast<const T*>(p.k) + k_base + kv_head * p.k_head_stride;
   const T* v = static_cast<const T*>(p.v) + v_base + kv_head * p.v_head_stride;
-  // Step s: query head kv_head · group + s / num_m, query block m_lo / kBlockM + s % num_m.
-  const auto step_head = [&](int s) { return kv_head * group_size + s / num_m; };
-  const auto step_m = [&](int s) { return m_lo + (s % num_m) * kBlockM; };
-  const auto load_q_do = [&](int s, int buffer) {
-    const int head = step_head(s), m = step_m(s);
+  // Step s: query head kv_head · group + s / num_m, query block m_lo / kBlockM + s % num_m (the
+  // loop below steps (head, m) along without dividing).
+  const int m_end = m_lo + num_m * kBlockM;
+  const auto load_q_do = [&](int head, int m, int buffer) {
     load_tile<Config, kBlockM>(smem_q + buffer * Config::kTileQ,
                                static_cast<const T*>(p.q) + q_base + head * p.q_head_stride + int64_t(m) * p.q_row_stride,
                                p.q_row_stride, seq.seqlen_q - m, p.head_dim);
@@ -281,11 +280,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   };
   // Thread t < 2 · kBlockM reads one row statistic of step s (0 past the sequence: such rows have
   // zero Q and dO and are masked).
-  const auto load_stat = [&](int s) {
-    const int t = threadIdx.x, row = step_m(s) + t % kBlockM;
+  const auto load_stat = [&](int head, int m) {
+    const int t = threadIdx.x, row = m + t % kBlockM;
     if (t >= 2 * kBlockM || row >= seq.seqlen_q) return 0.0f;
     const float* src = t < kBlockM ? w.lse2 : w.dsum;
-    return src[stats_base + step_head(s) * w.stats_head_stride + row];
+    return src[stats_base + head * w.stats_head_stride + row];
   };
 
   // dK and dV of this warp's 16 keys × kDCols columns.
@@ -302,8 +301,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
                                seq.seqlen_k - n_start, p.head_dim);
     load_tile<Config, kBlockN>(smem_v, v + int64_t(n_start) * p.v_row_stride, p.v_row_stride,
                                seq.seqlen_k - n_start, p.head_dim);
-    load_q_do(0, 0);
-    if (threadIdx.x < 2 * kBlockM) smem_stats[threadIdx.x] = load_stat(0);
+    load_q_do(kv_head * group_size, m_lo, 0);
+    if (threadIdx.x < 2 * kBlockM) smem_stats[threadIdx.x] = load_stat(kv_head * group_size, m_lo);
   }
   ptx::cp_async_commit();
 
@@ -321,14 +320,17 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   const uint32_t p_a = ptx::smem_addr(smem_p) + 2 * swizzled<kBlockM>(16 * wk + a_row, a_chunk);
   const uint32_t ds_a = ptx::smem_addr(smem_ds) + 2 * swizzled<kBlockM>(16 * wk + a_row, a_chunk);
 
+  int head = kv_head * group_size, m_start = m_lo;  // this step's query head and block
   for (int step = 0; step < num_steps; ++step) {
     const int buffer = step % 2;  // of the row statistics; of Q and dO when double-buffered
     const int q_buffer = Config::kQBuffers == 2 ? buffer : 0;
-    const int head = step_head(step), m_start = step_m(step);
+    const bool has_next = step + 1 < num_steps;
+    const int next_m = m_start + kBlockM < m_end ? m_start + kBlockM : m_lo;
+    const int next_head = next_m == m_lo ? head + 1 : head;
     ptx::cp_async_wait<0>();
     __syncthreads();  // this step's tiles are in; every warp is done with the last step's
-    const float next_stat = step + 1 < num_steps ? load_stat(step + 1) : 0.0f;
-    if (Config::kQBuffers == 2 && step + 1 < num_steps) load_q_do(step + 1, buffer ^ 1);
+    const float next_stat = has_next ? load_stat(next_head, next_m) : 0.0f;
+    if (Config::kQBuffers == 2 && has_next) load_q_do(next_head, next_m, buffer ^ 1);
     ptx::cp_async_commit();
     const uint32_t q_tile = ptx::smem_addr(smem_q + q_buffer * Config::kTileQ);
     const uint32_t do_tile = ptx::smem_addr(smem_do + q_buffer * Config::kTileQ);
@@ -488,7 +490,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
     // so the next step's tiles load under the dQ GEMM.
     if constexpr (!Config::kPThroughSmem || Config::kQBuffers == 1) __syncthreads();
     if constexpr (Config::kQBuffers == 1) {
-      if (step + 1 < num_steps) load_q_do(step + 1, 0);
+      if (has_next) load_q_do(next_head, next_m, 0);
       ptx::cp_async_commit();
     }
 
@@ -531,14 +533,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
       }
       // Rows past the sequence and columns past head_dim are skipped (whole blocks test nothing).
       const bool whole = m_start + kBlockM <= seq.seqlen_q && p.head_dim == kHeadDim;
-      const auto add_dq = [&](auto deterministic) {
+      const auto add_dq = [&](auto deterministic, auto checked) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row = m_start + 16 * rt + group + 8 * r;
           float* dst = w.dq_accum + ((accum_row0 + row) * p.heads + head) * p.head_dim + col0 + 2 * quad;
 #pragma unroll
           for (int t = 0; t < kDqTiles; ++t) {
-            if (!whole && (row >= seq.seqlen_q || col0 + 8 * t + 2 * quad >= p.head_dim)) continue;
+            if constexpr (decltype(checked)::value) {
+              if (row >= seq.seqlen_q || col0 + 8 * t + 2 * quad >= p.head_dim) continue;
+            }
             if constexpr (decltype(deterministic)::value) {
               const float2 old = __ldcg(reinterpret_cast<const float2*>(dst + 8 * t));
               __stcg(reinterpret_cast<float2*>(dst + 8 * t),
@@ -550,9 +554,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
         }
       };
       if (p.deterministic) {
-        add_dq(std::true_type{});
+        add_dq(std::true_type{}, std::true_type{});
+      } else if (whole) {
+        add_dq(std::false_type{}, std::false_type{});
       } else {
-        add_dq(std::false_type{});
+        add_dq(std::false_type{}, std::true_type{});
       }
       if (p.deterministic) {
         __syncthreads();  // every thread's additions are issued
@@ -563,6 +569,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
       }
     }
     if (threadIdx.x < 2 * kBlockM) smem_stats[(buffer ^ 1) * 2 * kBlockM + threadIdx.x] = next_stat;
+    head = next_head;
+    m_start = next_m;
   }
 
   // dK · softmax_scale and dV of this warp's keys, straight from the accumulators.
