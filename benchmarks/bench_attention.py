@@ -16,7 +16,8 @@ memory  peak extra memory of one forward, and of forward + backward, at B = H = 
         flashext against SDPA's math backend (which materialises the S × S scores) and, for the
         backward, SDPA's flash backend, S = 4096 … 65536.
 softmax online_softmax against torch.softmax, GB/s (one read, one write), rows of 4096 … 65536.
-Writes attention.json and attention.png to $OUT (or benchmarks/results).
+Writes attention.json and attention.png to $OUT (or benchmarks/results); without fwd in --only,
+attention_<sections>.json (and with train, its .png).
 """
 
 from __future__ import annotations
@@ -304,31 +305,41 @@ def print_row(row):
 
 
 def plot(payload, path):
+    """The forward grid (fwd rows: fp16 TFLOP/s), else the training grid (train rows: bf16 forward +
+    backward TFLOP/s, flashext's backward alone dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = ["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_efficient", "flex_attention"]
-    head_dims = sorted({r["head_dim"] for r in payload["rows"] if r["section"] == "fwd"})
+    section = "fwd" if any(r["section"] == "fwd" for r in payload["rows"]) else "train"
+    dtype, key = ("fp16", "tflops") if section == "fwd" else ("bf16", "fwd_bwd_tflops")
+    names = (["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_efficient", "flex_attention"]
+             if section == "fwd" else ["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_default"])
+    head_dims = sorted({r["head_dim"] for r in payload["rows"] if r["section"] == section})
     fig, axes = plt.subplots(len(head_dims), 2, figsize=(13, 4 * len(head_dims)), squeeze=False, sharey=True)
     for i, head_dim in enumerate(head_dims):
         for j, causal in enumerate((False, True)):
             ax = axes[i][j]
-            rows = [r for r in payload["rows"] if r["section"] == "fwd" and r["dtype"] == "fp16"
+            rows = [r for r in payload["rows"] if r["section"] == section and r["dtype"] == dtype
                     and r["head_dim"] == head_dim and r["causal"] == causal]
             for c, name in enumerate(names):
-                points = [(r["seqlen"], r[name]["tflops"]) for r in rows if "tflops" in r.get(name, {})]
+                points = [(r["seqlen"], r[name][key]) for r in rows if key in r.get(name, {})]
                 if points:
                     ax.plot(*zip(*points), marker="o", label=name, color=f"C{c}", linewidth=2.5 if name == "flashext" else 1.2)
+            if section == "train":
+                points = [(r["seqlen"], r["flashext"]["bwd_tflops"]) for r in rows if "bwd_tflops" in r.get("flashext", {})]
+                if points:
+                    ax.plot(*zip(*points), marker=".", linestyle="--", color="C0", label="flashext backward alone")
             ax.set_xscale("log", base=2)
-            ax.set_title(f"fp16 D={head_dim} {'causal' if causal else 'non-causal'}")
+            ax.set_title(f"{dtype} D={head_dim} {'causal' if causal else 'non-causal'}")
             ax.set_xlabel("sequence length (B·S = 16384)")
             ax.grid(True, alpha=0.3)
             if j == 0:
-                ax.set_ylabel("TFLOP/s")
+                ax.set_ylabel("TFLOP/s" if section == "fwd" else "forward + backward TFLOP/s")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"flashext attention forward on {payload['meta']['gpu']} (torch {payload['meta']['torch']}, "
+    what = "forward" if section == "fwd" else "forward + backward"
+    fig.suptitle(f"flashext attention {what} on {payload['meta']['gpu']} (torch {payload['meta']['torch']}, "
                  f"commit {payload['meta']['commit'][:10]})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -380,9 +391,11 @@ def main():
         section_memory(payload["rows"], args.quick)
     if "softmax" in sections:
         section_softmax(payload["rows"], args.quick)
-    path = write_json("attention.json", payload)
-    if any(r["section"] == "fwd" for r in payload["rows"]):
-        plot(payload, output_dir() / "attention.png")
+    # attention.json when the forward grid ran, else one file per section set (attention_train.json)
+    name = "attention" if "fwd" in sections else "attention_" + "_".join(sorted(sections))
+    path = write_json(f"{name}.json", payload)
+    if any(r["section"] in ("fwd", "train") for r in payload["rows"]):
+        plot(payload, output_dir() / f"{name}.png")
     print(f"wrote {path}")
     summarize(payload)
 

@@ -1,8 +1,11 @@
-"""Print the performance tables (markdown) from a bench_gelu.py or bench_attention.py results JSON:
-every point (docs/performance.md), or with --summary one table per op family (the README).
+"""Print the performance tables (markdown) from a bench_gelu.py, bench_attention.py or
+bench_decode.py results JSON: every point (docs/performance.md), or with --summary one table per op
+family (the README).
 
     python benchmarks/readme_tables.py benchmarks/results/gelu.json
     python benchmarks/readme_tables.py --summary benchmarks/results/attention.json
+    python benchmarks/readme_tables.py --summary benchmarks/results/attention_train.json
+    python benchmarks/readme_tables.py --summary benchmarks/results/decode.json
 """
 
 import json
@@ -70,6 +73,59 @@ def attention_tables(payload, summary: bool = False) -> None:
                 f"{r['torch']['ms'] / r['flashext']['ms']:.2f}×"] for r in softmax))
 
 
+def train_tables(payload, summary: bool = False) -> None:
+    meta, rows = payload["meta"], [r for r in payload["rows"] if r["section"] == "train"]
+    print(f"{meta['gpu']}, torch {meta['torch']}, commit `{meta['commit'][:10]}`, {meta['date'][:10]}. "
+          "TFLOP/s: forward 4·B·H·S²·D, backward 2.5× that (halved when causal); B·S = 16384, H = 2048 / D; "
+          "ratios are time(anchor) / time(flashext).\n")
+    anchors = ["sdpa_flash", "sdpa_cudnn", "sdpa_default", "triton_twin"]
+
+    def worst_median(head_dim, label):
+        for name in anchors:
+            values = [r[name][f"{label}_ms"] / r["flashext"][f"{label}_ms"] for r in rows
+                      if r["head_dim"] == head_dim and f"{label}_ms" in r.get(name, {})]
+            yield f"{min(values):.2f}× / {statistics.median(values):.2f}×" if values else "n/a"
+
+    def tflops(head_dim, label):
+        values = [r["flashext"][f"{label}_tflops"] for r in rows if r["head_dim"] == head_dim]
+        return f"{min(values):.0f}-{max(values):.0f}"
+
+    head_dims = sorted({r["head_dim"] for r in rows})
+    table(["pass", "head dim", "flashext TFLOP/s"] + [f"vs {name}" for name in anchors],
+          ([label_name, str(d), tflops(d, label), *worst_median(d, label)]
+           for label, label_name in (("fwd_bwd", "forward + backward"), ("bwd", "backward alone"))
+           for d in head_dims))
+    print("\n(worst / median over fp16 and bf16, causal and not, S = 512 … 16384)")
+    if summary:
+        return
+    print()
+    table(["dtype", "D", "mask", "S", "flashext fwd+bwd / bwd TFLOP/s", "SDPA flash", "cuDNN", "SDPA default"],
+          ([r["dtype"], str(r["head_dim"]), "causal" if r["causal"] else "full", str(r["seqlen"]),
+            f"{r['flashext']['fwd_bwd_tflops']:.0f} / {r['flashext']['bwd_tflops']:.0f}",
+            *(f"{r[n]['fwd_bwd_tflops']:.0f} / {r[n]['bwd_tflops']:.0f}" if "bwd_tflops" in r.get(n, {}) else "n/a"
+              for n in ("sdpa_flash", "sdpa_cudnn", "sdpa_default"))] for r in rows))
+
+
+def decode_tables(payload) -> None:
+    meta, rows = payload["meta"], payload["rows"]
+    print(f"{meta['gpu']}, torch {meta['torch']}, commit `{meta['commit'][:10]}`, {meta['date'][:10]}. One query "
+          "token, 32 query / 8 KV heads, D = 128; GB/s of K and V read; ratios are time(anchor) / time(flashext); "
+          "the read anchor is one pass that only reads the same bytes.\n")
+    decode = [r for r in rows if r["section"] == "decode"]
+    table(["dtype", "B × KV length", "flashext GB/s", "of read anchor", "vs SDPA flash", "vs cuDNN", "vs SDPA math"],
+          ([r["dtype"], f"{r['batch']} × {r['seqlen']}", f"{r['flashext']['gbps']:.0f}",
+            f"{r['flashext']['gbps'] / r['read_anchor']['gbps']:.2f}",
+            *(f"{r[n]['ms'] / r['flashext']['ms']:.2f}×" if "ms" in r.get(n, {}) else "n/a"
+              for n in ("sdpa_flash", "sdpa_cudnn", "sdpa_math"))] for r in decode))
+    paged = [r for r in rows if r["section"] == "paged"]
+    if paged:
+        sizes = sorted(int(n[len("flashext_page"):]) for n in paged[0] if n.startswith("flashext_page"))
+        print("\n**Paged KV** (shuffled pages): GB/s, against the same cache dense\n")
+        table(["dtype", "B × KV length", "dense"] + [f"page {size}" for size in sizes],
+              ([r["dtype"], f"{r['batch']} × {r['seqlen']}", f"{r['flashext']['gbps']:.0f}",
+                *(f"{r[f'flashext_page{size}']['gbps']:.0f}" for size in sizes)] for r in paged))
+
+
 def gelu_summary(payload, ceiling: float) -> None:
     """One row per pass and dtype at its largest size: of the copy ceiling, and time ratios."""
     rows = payload["rows"]
@@ -96,8 +152,15 @@ def gelu_summary(payload, ceiling: float) -> None:
 
 def main(path: str, summary: bool = False) -> None:
     payload = json.loads(Path(path).read_text())
-    if any(r["section"] == "fwd" for r in payload["rows"]):
+    sections = {r["section"] for r in payload["rows"]}
+    if "fwd" in sections:
         attention_tables(payload, summary)
+        return
+    if "train" in sections:
+        train_tables(payload, summary)
+        return
+    if sections & {"decode", "paged"}:
+        decode_tables(payload)
         return
     meta = payload["meta"]
     ceiling = max(payload["ceiling_copy_gbps"], payload.get("ceiling_copy_gbps_end", 0))
