@@ -16,6 +16,9 @@ from .attention import (flash_attention, flash_attention_varlen, flash_attention
                         merge_attention_states, scaled_dot_product_attention)
 from .softmax import online_softmax
 from .gelu import bias_gelu, fused_add_gelu
+from .integrations import sdpa as _sdpa
+
+_sdpa.register()  # "flashext" in torch.nn.attention's flash registry; activating it is the user's call
 
 __all__ = [
     "__version__",

@@ -44,6 +44,19 @@ TORCH_LIBRARY(flashext, m) {
   // (o, lse) of attention over two disjoint key sets from each one's (o, lse): o (B, S, H, D) or
   // (total, H, D), lse (B, H, S) or (H, total), natural log
   m.def("merge_attention_states(Tensor o_a, Tensor lse_a, Tensor o_b, Tensor lse_b) -> (Tensor, Tensor)");
+  // PyTorch's own FlashAttention-2 CUDA kernels (aten::_flash_attention_forward / _backward's),
+  // called past the dispatcher: the fallback of the SDPA provider (flashext/integrations/sdpa.py)
+  m.def(
+      "_native_flash_attention_forward(Tensor query, Tensor key, Tensor value, Tensor? cum_seq_q, "
+      "Tensor? cum_seq_k, int max_q, int max_k, float dropout_p, bool is_causal, bool return_debug_mask, "
+      "float? scale=None, int? window_size_left=None, int? window_size_right=None, Tensor? seqused_k=None, "
+      "Tensor? alibi_slopes=None, Tensor? block_table=None, int? num_splits=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "_native_flash_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
+      "Tensor logsumexp, Tensor? cum_seq_q, Tensor? cum_seq_k, int max_q, int max_k, float dropout_p, "
+      "bool is_causal, Tensor rng_state, Tensor unused, float? scale=None, int? window_size_left=None, "
+      "int? window_size_right=None) -> (Tensor, Tensor, Tensor)");
   // softmax over the last dim with a running max and sum (the building block of the above)
   m.def("online_softmax(Tensor x) -> Tensor");
 }
