@@ -73,6 +73,7 @@ def test_paged_cache_and_appends_across_pages(page_size):
     kn, vn = (randn(4, 3, 2, 128, dtype=torch.bfloat16) for _ in range(2))
     check(q, pages_k, pages_v, lens, kn, vn, block_table=table, causal=True)
     check(q, pages_k, pages_v, lens + 3, block_table=table)
+    check(q, pages_k, pages_v, lens + 3, block_table=table, num_splits=3)  # splits start mid-page
 
 
 @requires_cuda

@@ -120,6 +120,9 @@ TEST(FlashDecode, SplitsFromShapesOnly) {
   const int one_long = flashext::flash_decode_num_splits(1, 32, 8, 1, 32768, 128, 132);
   EXPECT_GE(one_long, 16);
   EXPECT_LE(one_long, 64);
+  // 8 x 128K: 64 blocks; 4 splits fill the 264 slots (two blocks per SM) in one wave, where 5
+  // would leave a second wave of 56 blocks.
+  EXPECT_EQ(flashext::flash_decode_num_splits(8, 32, 8, 1, 131072, 128, 132), 4);
   // 128 sequences x 8 KV heads are 1024 blocks already: no split.
   EXPECT_EQ(flashext::flash_decode_num_splits(128, 32, 8, 1, 2048, 128, 132), 1);
   // Short caches are not split below 256 keys a split.

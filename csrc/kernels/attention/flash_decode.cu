@@ -6,9 +6,10 @@
 // heads share every K/V tile (a cached byte is read once per KV head and row block: once, for
 // decode). Each block walks the key tiles of its split, [split · split_keys, ... + split_keys)
 // ∩ [0, cache_seqlens[b] + seqlen_new), tiles gathered row by row through the page table
-// (load_rows), double-buffered by cp.async: the FA2 loop of flash_fwd_kernel.cuh with one m16 row
-// tile per warp. Row sums add the 16-bit P that P V multiplies. One split writes o and lse itself;
-// more write fp32 partials that flash_decode_combine merges by their lse.
+// (load_rows; the table read a tile ahead), double-buffered by cp.async: the FA2 loop of
+// flash_fwd_kernel.cuh with one m16 row tile per warp, where warps with no real rows only copy.
+// Row sums add the 16-bit P that P V multiplies. One split writes o and lse itself; more write
+// fp32 partials that flash_decode_combine merges by their lse.
 //
 //   D     rows × keys   shared memory (Q + 2 × (K, V))   registers: S + acc_o per thread
 //   64    64 × 64       8 + 2·2·8  = 40 KiB               32 + 32
@@ -94,19 +95,40 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k_cache);
   const T* v = static_cast<const T*>(p.v_cache);
-  const auto q_row = [&](int r) -> const T* {
+  const auto q_row = [&](int r, int) -> const T* {
     const int row = row0 + r, i = row / group;
     if (i >= p.seqlen_q) return nullptr;
     return q + int64_t(b) * p.q_batch_stride + int64_t(i) * p.q_row_stride +
            int64_t(kv_head * group + row % group) * p.q_head_stride;
   };
+  // Paged caches: the (page, row in page) of each K/V row this thread copies, for the next tile to
+  // load, read from the table one tile ahead so that its latency hides under a tile's math instead
+  // of holding up the tile's copies. Page ids are clamped into the cache.
+  constexpr int kCopyRows = kBlockN / (Config::kThreads / Config::kChunks), kCopyStep = kBlockN / kCopyRows;
+  const int copy_row0 = threadIdx.x / Config::kChunks;
+  const bool paged = p.block_table != nullptr;
+  int page[kCopyRows], page_row[kCopyRows];
+  const auto fetch_pages = [&](int n) {
+    if (!paged) return;
+#pragma unroll
+    for (int i = 0; i < kCopyRows; ++i) {
+      const int t = min(n + copy_row0 + i * kCopyStep, n_hi - 1);  // (rows past the range: not copied)
+      const int slot = t / p.page_size;
+      page[i] = p.block_table[int64_t(b) * p.block_table_stride + slot];  // clamped where used: nothing
+      page_row[i] = t - slot * p.page_size;                                // waits on this load until then
+    }
+  };
+  const auto kv_row = [&](int t, int i, int64_t page_stride, int64_t row_stride) {
+    return paged ? int64_t(min(max(page[i], 0), p.num_pages - 1)) * page_stride + int64_t(page_row[i]) * row_stride
+                 : int64_t(b) * page_stride + int64_t(t) * row_stride;
+  };
   const auto load_kv = [&](int buffer, int n) {
-    load_rows<Config, kBlockN>(smem_k + buffer * Config::kTileKV, [&](int r) -> const T* {
-      return n + r < n_hi ? k + cache_row(p, b, n + r, p.k_page_stride, p.k_row_stride) + kv_head * p.k_head_stride
+    load_rows<Config, kBlockN>(smem_k + buffer * Config::kTileKV, [&](int r, int i) -> const T* {
+      return n + r < n_hi ? k + kv_row(n + r, i, p.k_page_stride, p.k_row_stride) + kv_head * p.k_head_stride
                           : nullptr;
     }, p.head_dim, k);
-    load_rows<Config, kBlockN>(smem_v + buffer * Config::kTileKV, [&](int r) -> const T* {
-      return n + r < n_hi ? v + cache_row(p, b, n + r, p.v_page_stride, p.v_row_stride) + kv_head * p.v_head_stride
+    load_rows<Config, kBlockN>(smem_v + buffer * Config::kTileKV, [&](int r, int i) -> const T* {
+      return n + r < n_hi ? v + kv_row(n + r, i, p.v_page_stride, p.v_row_stride) + kv_head * p.v_head_stride
                           : nullptr;
     }, p.head_dim, v);
   };
@@ -121,13 +143,18 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
 
   if (num_n_blocks > 0) {
     load_rows<Config, kBlockM>(smem_q, q_row, p.head_dim, q);
+    fetch_pages(n_lo);
     load_kv(0, n_lo);
+    if (num_n_blocks > 1) fetch_pages(n_lo + kBlockN);
   }
   ptx::cp_async_commit();
 
   const uint32_t q_base = ptx::smem_addr(smem_q) + 2 * swizzled<kHeadDim>(16 * warp + lane % 16, lane / 16);
   const uint32_t k_base0 = ptx::smem_addr(smem_k) + 2 * swizzled<kHeadDim>(lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
   const uint32_t v_base0 = ptx::smem_addr(smem_v) + 2 * swizzled<kHeadDim>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
+  // A warp whose 16 rows are all past the block's (query, head) pairs (decode with a group under
+  // 64: warps 1-3 at group 4) only helps load the tiles.
+  const bool warp_busy = row0 + 16 * warp < group * p.seqlen_q;
   // This thread's two rows (group_id, group_id + 8 of the warp's 16) as query positions.
   int row_query[2];
 #pragma unroll
@@ -139,6 +166,8 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
     __syncthreads();  // this tile is in; every warp is done with the other buffer
     if (it + 1 < num_n_blocks) load_kv(buffer ^ 1, n_start + kBlockN);
     ptx::cp_async_commit();
+    if (it + 2 < num_n_blocks) fetch_pages(n_start + 2 * kBlockN);
+    if (!warp_busy) continue;  // (a warp-uniform branch; the loop's barrier stays at its top)
     const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
     const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
 
@@ -372,9 +401,20 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
   (void)head_dim;  // every head dim's block has 64 rows
   const int64_t row_blocks = (int64_t(heads / heads_kv) * seqlen_q + 63) / 64;
   const int64_t blocks = int64_t(batch) * heads_kv * row_blocks;
-  const int64_t wanted = (2 * int64_t(sm_count) + blocks - 1) / blocks;  // about two blocks per SM
-  const int64_t by_length = std::max<int64_t>(1, capacity / 256);      // splits of at least 256 keys
-  return int(std::clamp<int64_t>(std::min(wanted, by_length), 1, kMaxSplits));
+  const int64_t slots = 2 * int64_t(sm_count);  // about two blocks per SM (40-96 KiB of shared memory each)
+  const int max_splits = int(std::clamp<int64_t>(capacity / 256, 1, kMaxSplits));  // splits of ≥ 256 keys
+  // The share of the last wave's slots that work, for s splits; the fewest splits within 85% of
+  // the best (as FlashAttention-2 chooses): each split adds fp32 partials and a combine.
+  const auto efficiency = [&](int s) {
+    const double waves = double(blocks * s) / double(slots);
+    return waves / std::ceil(waves);
+  };
+  double best = 0.0;
+  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  for (int s = 1; s <= max_splits; ++s) {
+    if (efficiency(s) >= 0.85 * best) return s;
+  }
+  return 1;
 }
 
 size_t flash_decode_workspace_bytes(const FlashDecodeParams& p) {

@@ -65,9 +65,11 @@ FX_DEVICE void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_le
 }
 
 // Copy rows [0, kRows) of a tile whose rows live anywhere (a paged KV cache, rows gathered across
-// heads) into a swizzled shared tile: row_ptr(row) gives row `row`'s first element in global
-// memory, or nullptr for a row to zero-fill; columns past head_dim are zero-filled (cp.async then
-// reads nothing, from `fallback`, any valid address). The same thread-to-chunk map as load_tile.
+// heads) into a swizzled shared tile: row_ptr(row, i) gives row `row`'s first element in global
+// memory, or nullptr for a row to zero-fill, where i is the thread's pass (its i-th row, a
+// compile-time index after unrolling: row = threadIdx.x / kChunks + i · kThreads / kChunks);
+// columns past head_dim are zero-filled (cp.async then reads nothing, from `fallback`, any valid
+// address). The same thread-to-chunk map as load_tile.
 template <typename Config, int kRows, typename T, typename RowPtr>
 FX_DEVICE void load_rows(T* smem, RowPtr row_ptr, int head_dim, const T* fallback) {
   constexpr int kChunks = Config::kChunks, kRowStep = Config::kThreads / kChunks;
@@ -77,7 +79,7 @@ FX_DEVICE void load_rows(T* smem, RowPtr row_ptr, int head_dim, const T* fallbac
   const uint32_t dst0 = ptx::smem_addr(smem) + 2 * swizzled<Config::kHeadDim>(row0, chunk);
 #pragma unroll
   for (int i = 0; i < kRows / kRowStep; ++i) {
-    const T* src = row_ptr(row0 + i * kRowStep);
+    const T* src = row_ptr(row0 + i * kRowStep, i);
     const bool valid = chunk_valid && src != nullptr;
     const uint32_t dst =
         (dst0 ^ uint32_t(((i * kRowStep) & 7) << 4)) + uint32_t(2 * i * kRowStep * Config::kHeadDim);
