@@ -2,7 +2,7 @@
 # flashext on a GPU machine: install, check, test, sanitize, benchmark, in one call.
 #
 #   scripts/gpu.sh [STEP ...]   STEP: setup build main pytest ctest sanitize install ptx bench
-#                               bench_attention bench_decode train_gpt serve_gpt hf_llama ab profile
+#                               bench_attention bench_decode bench_models train_gpt serve_gpt hf_llama ab profile
 #                               profile_gelu
 #                               (default: setup main pytest ctest sanitize install)
 #   setup     the README's install command (scripts/setup.sh: the editable no-build-isolation
@@ -175,6 +175,7 @@ for step in "${steps[@]}"; do
     bench) run_step bench_gelu $PY benchmarks/bench_gelu.py ${BENCH_ARGS:-} ;;
     bench_attention) run_step bench_attention $PY benchmarks/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
     bench_decode) run_step bench_decode $PY benchmarks/bench_decode.py ${BENCH_DECODE_ARGS:-} ;;
+    bench_models) run_step bench_models $PY benchmarks/bench_models.py ${BENCH_MODELS_ARGS:-} ;;
     serve_gpt) run_step "serve_gpt (batch 1 and 32)" bash -c "$PY -m flashext.examples.serve_gpt --batch 1 && $PY -m flashext.examples.serve_gpt --batch 32" ;;
     hf_llama) run_step "examples/hf_llama.py" $PY examples/hf_llama.py ;;
     train_gpt) run_step "train_gpt (eager, compiled)" bash -c "$PY -m flashext.examples.train_gpt --out $OUT ${TRAIN_GPT_ARGS:-} && $PY -m flashext.examples.train_gpt --compile --out $OUT ${TRAIN_GPT_ARGS:-}" ;;
