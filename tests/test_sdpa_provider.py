@@ -58,7 +58,7 @@ def test_activate_restore_round_trip():
 
 @pytest.mark.parametrize("case, reason", [
     ("dropout", "dropout"), ("float32", "dtype"), ("head_dim_100", "head dim"), ("head_dim_512", "head dim"),
-    ("heads", "heads"), ("layout", "layout")])
+    ("heads", "heads"), ("layout", "layout"), ("scale_zero", "scale"), ("scale_nan", "scale")])
 def test_what_falls_back(case, reason):
     """The calls flashext leaves to PyTorch's kernel, decided before any device query (meta)."""
     dtype = torch.float32 if case == "float32" else torch.bfloat16
@@ -67,7 +67,12 @@ def test_what_falls_back(case, reason):
     kv = torch.empty(2, 16, 4, head_dim, dtype=dtype, device="meta")
     if case == "layout":
         q = q[0]  # 3-D without cu_seqlens
-    assert sdpa._unsupported(q, kv, kv, None, 0.1 if case == "dropout" else 0.0) == reason
+    scale = {"scale_zero": 0.0, "scale_nan": float("nan")}.get(case)
+    assert sdpa._unsupported(q, kv, kv, None, 0.1 if case == "dropout" else 0.0, scale) == reason
+
+
+def test_windows_bounded_as_flash_attention_2():
+    assert [sdpa._window(w, 100) for w in (None, -1, -7, 0, 99, 100, 1000)] == [-1, -1, -1, 0, 99, -1, -1]
 
 
 def sdpa_grads(q, k, v, dout, **kwargs):
@@ -81,10 +86,15 @@ def sdpa_grads(q, k, v, dout, **kwargs):
 
 
 def kernel_names(fn):
+    """The CUDA kernels fn launches; flashext's are in namespace flashext::attention_detail, PyTorch's
+    FlashAttention-2 in pytorch_flash."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return " ".join(e.name for e in prof.events())
+    return " ".join(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+OURS = "attention_detail::flash"
 
 
 @requires_cuda
@@ -105,7 +115,7 @@ def test_sdpa_runs_flashext_and_matches(dtype, batch, heads, heads_kv, seqlen_q,
     with active():
         names = kernel_names(lambda: sdpa_grads(q, k, v, dout, **kwargs))
         out, *grads = sdpa_grads(q, k, v, dout, **kwargs)
-    assert "flashext" in names and "pytorch_flash" not in names, names[:400]
+    assert OURS in names and "pytorch_flash" not in names, names[:400]
     # the reference in flashext's (B, S, H, D) layout (causal cases have Sq = Sk: no alignment question)
     t = lambda x: x.transpose(1, 2)  # noqa: E731
     want = ref.attention_backward(t(dout), t(q), t(k), t(v), causal=causal)
@@ -115,6 +125,47 @@ def test_sdpa_runs_flashext_and_matches(dtype, batch, heads, heads_kv, seqlen_q,
     want_out = ref.attention(t(q), t(k), t(v), causal=causal)
     base_out = ref.attention(t(q), t(k), t(v), causal=causal, compute_dtype=dtype)
     assert_close("sdpa provider out", t(out), want_out, base_out)
+
+
+@requires_cuda
+@requires_registry
+def test_layouts_match_pytorchs_kernel():
+    """out and the gradients in the strides PyTorch's own kernel returns (compiled graphs assert them)."""
+    q, k, v, dout = (randn(2, 4, 96, 64, dtype=torch.float16) for _ in range(4))
+    native = sdpa_grads(q, k, v, dout, is_causal=True)
+    with active():
+        provided = sdpa_grads(q, k, v, dout, is_causal=True)
+    assert [t.stride() for t in provided] == [t.stride() for t in native]
+
+
+@requires_cuda
+@requires_registry
+@pytest.mark.skipif(not hasattr(attention, "varlen"), reason="no torch.nn.attention.varlen")
+def test_varlen_attn_through_the_provider():
+    from torch.nn.attention.varlen import varlen_attn
+
+    from tests.helpers import cu_seqlens
+
+    lengths = [1, 130, 0, 77]
+    cu = cu_seqlens(lengths)
+    q, k, v, dout = (randn(sum(lengths), 4, 64, dtype=torch.bfloat16) for _ in range(4))
+
+    def run():
+        qi, ki, vi = (t.detach().requires_grad_() for t in (q, k, v))
+        out = varlen_attn(qi, ki, vi, cu, cu, max(lengths), max(lengths), window_size=(-1, 0))
+        return (out, *torch.autograd.grad(out, (qi, ki, vi), dout))
+
+    native = run()
+    with active():
+        names = kernel_names(run)
+        provided = run()
+    if "cudnn" not in names.lower():  # (a torch whose varlen_attn prefers cuDNN never reaches the provider)
+        assert OURS in names, names[:400]
+    want = ref.attention_varlen(q, k, v, cu, cu, causal=True)
+    for got, theirs in zip(provided, native):
+        assert got.shape == theirs.shape and got.stride() == theirs.stride()
+    base = ref.attention_varlen(q, k, v, cu, cu, causal=True, compute_dtype=q.dtype)
+    assert_close("varlen_attn out", provided[0], want, base)
 
 
 @requires_cuda
@@ -130,7 +181,7 @@ def test_dropout_falls_back_bitwise():
     with active():
         names = kernel_names(run)
         provided = run()
-    assert "flashext" not in names
+    assert OURS not in names and "pytorch_flash" in names
     for a, b in zip(native, provided):
         assert torch.equal(a, b)
 
@@ -142,7 +193,7 @@ def test_restore_brings_pytorch_back():
     with active():
         pass
     names = kernel_names(lambda: sdpa_grads(q, k, v, dout))
-    assert "flashext" not in names and "flash" in names
+    assert OURS not in names and "pytorch_flash" in names
 
 
 @requires_cuda
@@ -178,4 +229,4 @@ def test_compiled_sdpa_uses_flashext():
         compiled = torch.compile(attend, fullgraph=True)
         names = kernel_names(lambda: compiled(q, k, v))
         assert torch.equal(compiled(q, k, v), eager)
-    assert "flashext" in names
+    assert OURS in names

@@ -3,6 +3,7 @@
 #include <Python.h>
 #include <cuda_runtime_api.h>
 
+#include "flashext/attention.h"
 #include "flashext/common.h"
 
 namespace {
@@ -14,9 +15,21 @@ PyObject* arch_supported(PyObject*, PyObject* args) {
   return PyBool_FromLong(flashext::arch_supported(flashext::compiled_cuda_archs(), major, minor));
 }
 
+// _C.bwd_smem_bytes(head_dim, max_smem_per_block) -> int: the shared memory per block the attention
+// backward needs at that head dim within that budget, 0 when none of its tiles fits.
+PyObject* bwd_smem_bytes(PyObject*, PyObject* args) {
+  int head_dim = 0, budget = 0;
+  if (!PyArg_ParseTuple(args, "ii", &head_dim, &budget)) return nullptr;
+  if (budget <= 0) return PyLong_FromLong(0);  // (0 would mean "this device's", which needs a GPU)
+  return PyLong_FromLong(flashext::flash_bwd_smem_bytes(head_dim, budget));
+}
+
 PyMethodDef flashext_methods[] = {
     {"arch_supported", arch_supported, METH_VARARGS,
      "arch_supported(major, minor) -> bool: whether this build holds kernels for that device"},
+    {"bwd_smem_bytes", bwd_smem_bytes, METH_VARARGS,
+     "bwd_smem_bytes(head_dim, max_smem_per_block) -> int: shared memory the attention backward needs "
+     "there (0: no tiles fit)"},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -16,8 +16,11 @@ aten::_flash_attention_backward (and _flash_attention_forward_no_dropout_inplace
 it), which SDPA's flash backend (and anything else that calls those
 ops: nested-tensor SDPA, torch.nn.attention.varlen) runs, forward and backward. A call flashext
 does not take (dropout, ALiBi, seqused_k, a paged cache, float32, a head dim over 256 or not a
-multiple of 8, a GPU this build has no kernels for) runs PyTorch's own kernel instead, so an
-answer is never wrong, only sometimes not flashext's.
+multiple of 8, a scale that is not positive and finite, a GPU this build has no kernels for, or
+head dims over 128 where the GPU's shared memory cannot hold the backward's tiles) runs PyTorch's
+own kernel instead, forward and backward alike, so an answer is never wrong, only sometimes not
+flashext's. Outputs and gradients come in the layout PyTorch's kernel gives them (what compiled
+graphs assert): SDPA's (B, H, S, D) tensors cost one copy each of out, dq, dk and dv today.
 
 Which backend SDPA picks is unchanged: on Hopper its default order puts cuDNN first, so plain
 `F.scaled_dot_product_attention` calls reach the flash backend (and flashext) only with it chosen,
@@ -29,6 +32,7 @@ e.g. `with torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION):` or
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -53,20 +57,39 @@ class _Handle:
 
 
 @functools.cache
-def _device_supported(index: int) -> bool:
+def _device_supported(index: int, head_dim: int) -> bool:
+    """This build has kernels for the device, and its backward's tiles fit the device's shared
+    memory at this head dim (at D > 128 not on sm_86/89's 99 KiB: there PyTorch's kernel serves
+    both passes, so that training works as it would without flashext)."""
     major, minor = torch.cuda.get_device_capability(index)
-    return bool(_C.arch_supported(major, minor))
+    budget = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+    return bool(_C.arch_supported(major, minor)) and _C.bwd_smem_bytes(head_dim, budget) > 0
 
 
-def _window(value: int | None) -> int:
-    return -1 if value is None or value < 0 else int(value)
+def _window(value: int | None, max_k: int) -> int:
+    """The aten op's window (None or negative: unbounded) as flashext's, bounded like FlashAttention-2
+    bounds it: a window of max_k keys or more is no window."""
+    return -1 if value is None or value < 0 or value >= max_k else int(value)
 
 
-def _unsupported(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cum_seq_q, dropout_p: float) -> str | None:
+def _like(result: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """`result` in the layout PyTorch's kernel gives (empty_like(reference)), which compiled graphs
+    assert: SDPA hands the op (B, S, H, D) views of (B, H, S, D) tensors, flashext's ops return
+    contiguous (B, S, H, D). A copy when they differ."""
+    like = torch.empty_like(reference)
+    if like.stride() == result.stride():
+        return result
+    return like.copy_(result)
+
+
+def _unsupported(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cum_seq_q, dropout_p: float,
+                 scale: float | None) -> str | None:
     """Why flashext cannot run this call (None: it can). Only what both passes know, so that the
     forward and the backward of one call always agree."""
     if dropout_p != 0.0:
         return "dropout"
+    if scale is not None and not (math.isfinite(scale) and scale > 0.0):
+        return "scale"
     if query.dtype not in (torch.float16, torch.bfloat16) or key.dtype != query.dtype or value.dtype != query.dtype:
         return "dtype"
     head_dim = query.shape[-1]
@@ -78,7 +101,8 @@ def _unsupported(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu
         return "heads"
     if any(t.stride(-1) != 1 for t in (query, key, value)):
         return "strides"
-    if not _device_supported(query.device.index if query.device.index is not None else torch.cuda.current_device()):
+    index = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    if not _device_supported(index, head_dim):
         return "device"
     return None
 
@@ -86,7 +110,7 @@ def _unsupported(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu
 def _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
              scale=None, window_size_left=None, window_size_right=None, seqused_k=None, alibi_slopes=None,
              block_table=None, num_splits=None):
-    reason = _unsupported(query, key, value, cum_seq_q, dropout_p)
+    reason = _unsupported(query, key, value, cum_seq_q, dropout_p, scale)
     if reason is None and (return_debug_mask or seqused_k is not None or alibi_slopes is not None
                            or block_table is not None or num_splits not in (None, 0, 1)):
         reason = "options"
@@ -95,7 +119,7 @@ def _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, i
             query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, scale,
             window_size_left, window_size_right, seqused_k, alibi_slopes, block_table, num_splits)
     deterministic = torch.are_deterministic_algorithms_enabled()
-    left, right = _window(window_size_left), _window(window_size_right)
+    left, right = _window(window_size_left, max_k), _window(window_size_right, max_k)
     if cum_seq_q is None:
         out, lse = torch.ops.flashext.flash_attn_fwd(query, key, value, is_causal, scale, left, right, 0.0, False,
                                                      deterministic)
@@ -106,7 +130,7 @@ def _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, i
     # providers return); an empty debug mask.
     rng_state = torch.zeros((2,), dtype=torch.uint64, device=query.device)
     unused = torch.zeros((), dtype=torch.uint64, device=query.device)
-    return out, lse, rng_state, unused, torch.empty(0, dtype=query.dtype, device=query.device)
+    return _like(out, query), lse, rng_state, unused, torch.empty(0, dtype=query.dtype, device=query.device)
 
 
 def _forward_inplace(out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
@@ -119,7 +143,7 @@ def _forward_inplace(out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
 
 def _backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
               rng_state, unused, *, scale=None, window_size_left=None, window_size_right=None):
-    reason = _unsupported(query, key, value, cum_seq_q, dropout_p)
+    reason = _unsupported(query, key, value, cum_seq_q, dropout_p, scale)
     # The lse the forward returned: flashext's and FlashAttention-2's share a layout (B, H, Sq)
     # dense, (H, total_q) packed; any other (an older kernel's padded one) goes back to PyTorch.
     want = (query.shape[0], query.shape[2], query.shape[1]) if cum_seq_q is None else (query.shape[1], query.shape[0])
@@ -130,13 +154,15 @@ def _backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
             grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
             rng_state, unused, scale, window_size_left, window_size_right)
     deterministic = torch.are_deterministic_algorithms_enabled()
-    left, right = _window(window_size_left), _window(window_size_right)
+    left, right = _window(window_size_left, max_k), _window(window_size_right, max_k)
     if cum_seq_q is None:
-        return torch.ops.flashext.flash_attn_bwd(grad_out, query, key, value, out, logsumexp, None, is_causal, scale,
-                                                 left, right, 0.0, False, deterministic)
-    return torch.ops.flashext.flash_attn_varlen_bwd(grad_out, query, key, value, out, logsumexp, None, cum_seq_q,
-                                                    cum_seq_k, max_q, max_k, is_causal, scale, left, right, 0.0,
-                                                    deterministic)
+        grads = torch.ops.flashext.flash_attn_bwd(grad_out, query, key, value, out, logsumexp, None, is_causal, scale,
+                                                  left, right, 0.0, False, deterministic)
+    else:
+        grads = torch.ops.flashext.flash_attn_varlen_bwd(grad_out, query, key, value, out, logsumexp, None, cum_seq_q,
+                                                         cum_seq_k, max_q, max_k, is_causal, scale, left, right, 0.0,
+                                                         deterministic)
+    return tuple(_like(g, t) for g, t in zip(grads, (query, key, value)))
 
 
 def _activate() -> _Handle:
