@@ -1,10 +1,12 @@
 """Compare two bench_attention runs point by point (an A/B from `scripts/gpu.sh ab`).
 
-    python benchmarks/compare_ab.py A.json B.json [--anchor sdpa_flash]
+    python benchmarks/compare_ab.py A.json B.json [--anchor sdpa_flash] [--metric bwd_tflops]
 
-For every forward grid point in both files: each run's flashext / anchor ratio (the anchor timed
-in the same run), and B's flashext time against A's (how much the change itself moved, with the
-anchor's own drift between the runs beside it as the noise to judge it by). Medians last.
+For every grid point in both files (the forward grid, or the training grid of a run without it):
+each run's flashext / anchor ratio (the anchor timed in the same run), and B's flashext against
+A's (how much the change itself moved, with the anchor's own drift between the runs beside it as
+the noise to judge it by). Medians last. The metric: forward TFLOP/s, or for the training grid the
+backward alone's (bwd_tflops; fwd_bwd_tflops for forward + backward).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import json
 import statistics
 
 
-def load(path: str) -> tuple[dict, dict]:
+def load(path: str, metric: str | None) -> tuple[dict, dict, str]:
     payload = json.load(open(path))
+    section = "fwd" if any(r["section"] == "fwd" for r in payload["rows"]) else "train"
+    metric = metric or ("tflops" if section == "fwd" else "bwd_tflops")
     rows = {(r["dtype"], r["head_dim"], r["causal"], r["seqlen"]): r
-            for r in payload["rows"] if r["section"] == "fwd" and "tflops" in r.get("flashext", {})}
-    return payload["meta"], rows
+            for r in payload["rows"] if r["section"] == section and metric in r.get("flashext", {})}
+    return payload["meta"], rows, metric
 
 
 def main():
@@ -26,21 +30,22 @@ def main():
     parser.add_argument("a")
     parser.add_argument("b")
     parser.add_argument("--anchor", default="sdpa_flash")
+    parser.add_argument("--metric", default=None, help="tflops (forward), bwd_tflops or fwd_bwd_tflops (training)")
     args = parser.parse_args()
-    meta_a, rows_a = load(args.a)
-    meta_b, rows_b = load(args.b)
+    meta_a, rows_a, metric = load(args.a, args.metric)
+    meta_b, rows_b, _ = load(args.b, metric)
     for name, meta in (("A", meta_a), ("B", meta_b)):
         print(f"{name}: commit {meta.get('commit', '?')}, variant {meta.get('variant', 'default')}")
     print(f"\n{'point':28} {'A/' + args.anchor:>14} {'B/' + args.anchor:>14} {'B/A ours':>9} {'B/A anchor':>11}")
     ratio_a, ratio_b, moved, drift = [], [], [], []
     for key in sorted(set(rows_a) & set(rows_b)):
         a, b = rows_a[key], rows_b[key]
-        if "tflops" not in a.get(args.anchor, {}) or "tflops" not in b.get(args.anchor, {}):
+        if metric not in a.get(args.anchor, {}) or metric not in b.get(args.anchor, {}):
             continue
-        ratio_a.append(a["flashext"]["tflops"] / a[args.anchor]["tflops"])
-        ratio_b.append(b["flashext"]["tflops"] / b[args.anchor]["tflops"])
-        moved.append(b["flashext"]["tflops"] / a["flashext"]["tflops"])
-        drift.append(b[args.anchor]["tflops"] / a[args.anchor]["tflops"])
+        ratio_a.append(a["flashext"][metric] / a[args.anchor][metric])
+        ratio_b.append(b["flashext"][metric] / b[args.anchor][metric])
+        moved.append(b["flashext"][metric] / a["flashext"][metric])
+        drift.append(b[args.anchor][metric] / a[args.anchor][metric])
         dtype, head_dim, causal, seqlen = key
         label = f"{dtype} D={head_dim:3d} {'causal' if causal else 'full  '} S={seqlen:5d}"
         print(f"{label:28} {ratio_a[-1]:14.3f} {ratio_b[-1]:14.3f} {moved[-1]:9.3f} {drift[-1]:11.3f}")

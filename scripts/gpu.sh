@@ -12,7 +12,8 @@
 #   ptx       rebuild with only compute_80 PTX (the portable sm_80 path, JIT-compiled by the
 #             driver), run the GPU test suite on it, then rebuild the default archs
 #   ab        an A/B of an attention variant behind a -D macro: A is this tree, B a copy built with
-#             FLASHEXT_AB_FLAGS="-DNAME=1" added; bench_attention runs A B A B (narrow it with
+#             FLASHEXT_AB_FLAGS="-DNAME=1" added; bench_attention --only ${BENCH_AB_SECTION:-fwd}
+#             (fwd, or train for the backward) runs A B A B (narrow it with
 #             FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to $OUT/{a1,b1,a2,b2}.json, for
 #             benchmarks/compare_ab.py
 #   pytest_each  pytest once per test file, each in its own process (a fault in one file cannot
@@ -150,12 +151,13 @@ ab() {
   local b=/tmp/flashext_ab_b
   rm -rf "$b" && cp -r "$ROOT" "$b" &&
     (cd "$b" && FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} $FLASHEXT_AB_FLAGS" $PY setup.py build_ext --inplace >/dev/null) || return 1
-  local run
+  local run section=${BENCH_AB_SECTION:-fwd}
   for run in a1 b1 a2 b2; do
     local dir=$ROOT
     [ "${run:0:1}" = b ] && dir=$b
-    (cd "$dir" && OUT=/tmp/flashext_ab_$run $PY benchmarks/bench_attention.py --only fwd | grep "vs ") || return 1
-    cp /tmp/flashext_ab_$run/attention.json "$OUT/$run.json"
+    rm -rf /tmp/flashext_ab_$run
+    (cd "$dir" && OUT=/tmp/flashext_ab_$run $PY benchmarks/bench_attention.py --only "$section" | grep "vs ") || return 1
+    cp /tmp/flashext_ab_$run/attention*.json "$OUT/$run.json"
   done
   $PY benchmarks/compare_ab.py "$OUT/a1.json" "$OUT/b1.json" | tail -2
   $PY benchmarks/compare_ab.py "$OUT/a2.json" "$OUT/b2.json" | tail -2
