@@ -1,6 +1,6 @@
 """FlashAttention forward against its anchors, same process, same inputs (ANCHORS.md).
 
-    python benchmarks/bench_attention.py [--quick] [--only fwd,train,memory,softmax]
+    python benchmarks/bench_attention.py [--quick] [--only fwd,train,memory,softmax,sparse]
 
 fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2048 / D) for fp16/bf16,
         D ∈ {64, 128, 256}, causal and not, S = 512 … 16384: flashext, its Triton twin, SDPA's
@@ -16,6 +16,8 @@ memory  peak extra memory of one forward, and of forward + backward, at B = H = 
         flashext against SDPA's math backend (which materialises the S × S scores) and, for the
         backward, SDPA's flash backend, S = 4096 … 65536.
 softmax online_softmax against torch.softmax, GB/s (one read, one write), rows of 4096 … 65536.
+sparse  block_sparse_attention at 10 / 50 / 100 % block density (128 × 128 and 64 × 64 blocks)
+        against dense flash_attention, bf16, D = 128, S = 4096 and 16384 (not in the default run).
 Writes attention.json and attention.png to $OUT (or benchmarks/results); without fwd in --only,
 attention_<sections>.json (and with train, its .png).
 """
@@ -292,6 +294,42 @@ def section_softmax(rows, quick: bool):
             del x, want, base
 
 
+def section_sparse(rows, quick: bool):
+    """block_sparse_attention at block densities 10 %, 50 % and 100 % (random blocks, the same mask
+    for every batch entry and head) against dense flash_attention on the same inputs: time ratio
+    dense / sparse (bar: ≥ 5× at 10 %, ≥ 0.9× at 100 %). Block sizes 128 × 128 (the kernel's tiles)
+    and 64 × 64; bf16, D = 128, B · S = 16384, H = 16, non-causal."""
+    for seqlen in ([8192] if quick else [4096, 16384]):
+        batch, heads, head_dim = 16384 // seqlen, 16, 128
+        q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda").to(torch.bfloat16) for _ in range(3))
+        dense_ms = bench_ms(lambda: flashext.flash_attention(q, k, v))
+        for block_size in ((128, 128), (64, 64)):
+            nr, nc = -(-seqlen // block_size[0]), -(-seqlen // block_size[1])
+            for density in (0.1, 0.5, 1.0):
+                g = torch.Generator().manual_seed(int(density * 100))
+                mask = (torch.rand(1, 1, nr, nc, generator=g) < density).cuda()
+                # the reference on query rows [0, 256) of (batch 0, head 0): rows are independent
+                one = lambda t: t[:1, :256, :1]  # noqa: E731
+                out = flashext.block_sparse_attention(q, k, v, mask, block_size)
+                sub_mask = mask[..., : -(-256 // block_size[0]), :]
+                want = ref.block_sparse_attention(one(q), k[:1, :, :1], v[:1, :, :1], sub_mask, block_size)
+                base = ref.block_sparse_attention(one(q), k[:1, :, :1], v[:1, :, :1], sub_mask, block_size,
+                                                  compute_dtype=q.dtype)
+                verdict = judge("block-sparse", one(out), want, base)
+                ms = bench_ms(lambda: flashext.block_sparse_attention(q, k, v, mask, block_size))
+                row = {"section": "sparse", "dtype": "bf16", "head_dim": head_dim, "seqlen": seqlen, "batch": batch,
+                       "heads": heads, "block_size": list(block_size), "density": density,
+                       "measured_density": float(mask.float().mean()),
+                       "flashext": {"ms": ms, "valid": verdict.ok, "error": verdict.error},
+                       "dense": {"ms": dense_ms}}
+                rows.append(row)
+                print(f"sparse S={seqlen} blocks {block_size[0]}x{block_size[1]} density {row['measured_density']:.2f}: "
+                      f"{ms:.3f} ms, dense {dense_ms:.3f} ms, {dense_ms / ms:.2f}x"
+                      f"{'' if verdict.ok else ' (INVALID)'}", flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+
+
 def print_row(row):
     cells = []
     for name, cell in row.items():
@@ -362,6 +400,10 @@ def summarize(payload):
               f"{row['flashext']['tflops']:5.0f} TFLOP/s: " + ", ".join(parts))
     for name, values in ratios.items():
         print(f"  vs {name}: worst {min(values):.2f}x, median {statistics.median(values):.2f}x over {len(values)} points")
+    for row in payload["rows"]:
+        if row["section"] == "sparse":
+            print(f"  block-sparse S={row['seqlen']} {row['block_size'][0]}x{row['block_size'][1]} density "
+                  f"{row['measured_density']:.2f}: {row['dense']['ms'] / row['flashext']['ms']:.2f}x dense flashext")
     for label in ("fwd_bwd", "bwd"):
         ratios = {}
         for row in payload["rows"]:
@@ -391,6 +433,8 @@ def main():
         section_memory(payload["rows"], args.quick)
     if "softmax" in sections:
         section_softmax(payload["rows"], args.quick)
+    if "sparse" in sections:
+        section_sparse(payload["rows"], args.quick)
     # attention.json when the forward grid ran, else one file per section set (attention_train.json)
     name = "attention" if "fwd" in sections else "attention_" + "_".join(sorted(sections))
     path = write_json(f"{name}.json", payload)

@@ -12,8 +12,8 @@ formula, so it works in eager mode, under autograd, torch.compile(fullgraph=True
 __version__ = "0.1.0"
 
 from ._build import build_info
-from .attention import (flash_attention, flash_attention_varlen, flash_attention_with_kvcache,
-                        merge_attention_states, scaled_dot_product_attention)
+from .attention import (block_sparse_attention, flash_attention, flash_attention_varlen,
+                        flash_attention_with_kvcache, merge_attention_states, scaled_dot_product_attention)
 from .softmax import online_softmax
 from .gelu import bias_gelu, fused_add_gelu
 from .integrations import sdpa as _sdpa
@@ -30,5 +30,6 @@ __all__ = [
     "scaled_dot_product_attention",
     "flash_attention_with_kvcache",
     "merge_attention_states",
+    "block_sparse_attention",
     "online_softmax",
 ]

@@ -113,6 +113,23 @@ def flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, ca
     return (out, lse) if return_lse else out
 
 
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, block_size: tuple[int, int],
+                           causal: bool = False, softmax_scale: float | None = None,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, return_lse: bool = False):
+    """flash_attention where query block i (R = block_size[0] rows) sees key block j (C =
+    block_size[1] keys) only if block_mask[b, h, i, j]: block_mask bool (B or 1, H or 1, ⌈Sq/R⌉,
+    ⌈Sk/C⌉), size-1 dims broadcast (FlashInfer's block-sparse layout; flashext.reference defines
+    it). Combines with causal and windows (bottom-right, as flash_attention). Key blocks of the
+    kernel that no set block touches are skipped, costing nothing; R and C multiples of the
+    kernel's tiles (64 or 128 keys, 64 or 128 queries) need no per-element lookup. A query that
+    sees no key outputs 0 with lse −inf. Forward only (no autograd formula yet).
+    """
+    rows, cols = block_size
+    out, lse = _ops.flash_attn_block_sparse_fwd(q, k, v, block_mask, rows, cols, causal, softmax_scale,
+                                                window_size[0], window_size[1], softcap)
+    return (out, lse) if return_lse else out
+
+
 def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
     """Attention over the union of two disjoint key sets from each set's result: (o, lse) with
     lse = log(e^lse_a + e^lse_b) and o = e^(lse_a − lse)·o_a + e^(lse_b − lse)·o_b, in fp32.
@@ -166,4 +183,10 @@ if extension_loaded():
         raise NotImplementedError("flashext.merge_attention_states: the backward pass is not implemented")
 
     torch.library.register_autograd("flashext::merge_attention_states", _merge_no_backward,
+                                    setup_context=lambda ctx, inputs, output: None)
+
+    def _block_sparse_no_backward(ctx, *grads):
+        raise NotImplementedError("flashext.block_sparse_attention: the backward pass is not implemented")
+
+    torch.library.register_autograd("flashext::flash_attn_block_sparse_fwd", _block_sparse_no_backward,
                                     setup_context=lambda ctx, inputs, output: None)

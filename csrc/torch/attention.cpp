@@ -24,6 +24,7 @@ constexpr const char* kFlash = "flashext.flash_attention";
 constexpr const char* kFlashVarlen = "flashext.flash_attention_varlen";
 constexpr const char* kFlashBwd = "flashext.flash_attention (backward)";
 constexpr const char* kFlashVarlenBwd = "flashext.flash_attention_varlen (backward)";
+constexpr const char* kBlockSparse = "flashext.block_sparse_attention";
 
 
 // The grid is (query blocks, heads, batch): gridDim.y and gridDim.z stop at 65535.
@@ -237,6 +238,52 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   return {out, lse};
 }
 
+// Block-sparse: flash_attn_fwd's checks, then block_mask: bool (B or 1, H or 1, ⌈Sq/R⌉, ⌈Sk/C⌉) on
+// q's device, R and C ≥ 1.
+std::tuple<at::Tensor, at::Tensor> flash_attn_block_sparse_fwd(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                               const at::Tensor& v_in, const at::Tensor& block_mask_in,
+                                                               int64_t block_rows, int64_t block_cols, bool causal,
+                                                               std::optional<double> softmax_scale, int64_t window_left,
+                                                               int64_t window_right, double softcap) {
+  check_qkv(kBlockSparse, q_in, k_in, v_in, 4);
+  check_options(kBlockSparse, softmax_scale, window_left, window_right, softcap);
+  FX_CHECK(block_rows >= 1 && block_cols >= 1, kBlockSparse, ": block_size entries must be >= 1, got (", block_rows,
+           ", ", block_cols, ")");
+  const at::Tensor& mask_in = block_mask_in;
+  FX_CHECK(mask_in.defined() && mask_in.scalar_type() == at::kBool, kBlockSparse,
+           ": argument 'block_mask' must be a bool tensor, got ", mask_in.defined() ? mask_in.scalar_type() : at::kBool);
+  FX_CHECK(is_meta(q_in) || mask_in.device() == q_in.device(), kBlockSparse,
+           ": argument 'block_mask' must be on the device of 'q' (", q_in.device(), "), got ", mask_in.device());
+  const c10::SymInt mask_rows = (q_in.sym_size(1) + block_rows - 1) / block_rows;
+  const c10::SymInt mask_cols = (k_in.sym_size(1) + block_cols - 1) / block_cols;
+  FX_CHECK(mask_in.dim() == 4 && (mask_in.sym_size(0) == 1 || mask_in.sym_size(0) == q_in.sym_size(0)) &&
+               (mask_in.sym_size(1) == 1 || mask_in.sym_size(1) == q_in.sym_size(2)) &&
+               mask_in.sym_size(2) == mask_rows && mask_in.sym_size(3) == mask_cols,
+           kBlockSparse, ": argument 'block_mask' must have shape (batch or 1, heads or 1, ceil(seqlen_q / R), "
+           "ceil(seqlen_k / C)) = (", q_in.sym_size(0), " or 1, ", q_in.sym_size(2), " or 1, ", mask_rows, ", ",
+           mask_cols, "), got ", mask_in.sym_sizes());
+  at::Tensor out = at::empty_symint(q_in.sym_sizes(), q_in.options());
+  at::Tensor lse = at::empty_symint({q_in.sym_size(0), q_in.sym_size(2), q_in.sym_size(1)},
+                                    q_in.options().dtype(at::kFloat));
+  if (is_meta(q_in) || out.numel() == 0) return {out, lse};
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
+  const at::Tensor mask = mask_in.stride(3) == 1 ? mask_in : mask_in.contiguous();
+  flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,
+                                                softcap, q.size(1), k.size(1));
+  p.block_mask = static_cast<const uint8_t*>(mask.data_ptr());
+  p.mask_batch_stride = mask.size(0) == 1 ? 0 : mask.stride(0);  // broadcast dims read row 0
+  p.mask_head_stride = mask.size(1) == 1 ? 0 : mask.stride(1);
+  p.mask_row_stride = mask.stride(2);
+  // A block taller (wider) than the sequence acts as one as tall (wide) as it: int-sized.
+  p.block_rows = int(std::min<int64_t>(block_rows, std::max<int64_t>(q.size(1), 1)));
+  p.block_cols = int(std::min<int64_t>(block_cols, std::max<int64_t>(k.size(1), 1)));
+  const at::Tensor workspace =
+      at::empty({int64_t(flashext::flash_block_sparse_workspace_bytes(p))}, q.options().dtype(at::kByte));
+  check_launch(kBlockSparse, flashext::run_flash_block_sparse_fwd(p, workspace.data_ptr(), current_stream(q)));
+  return {out, lse};
+}
+
 // dout and out have q's shape, device and dtype, out a contiguous last dim (dout may have any
 // strides: autograd hands over expanded gradients; see grad_rows); lse (and dlse) are fp32 of
 // lse_shape on q's device.
@@ -358,6 +405,7 @@ void register_attention_impls(torch::Library& m) {
   m.impl("flash_attn_varlen_fwd", &flash_attn_varlen_fwd);
   m.impl("flash_attn_bwd", &flash_attn_bwd);
   m.impl("flash_attn_varlen_bwd", &flash_attn_varlen_bwd);
+  m.impl("flash_attn_block_sparse_fwd", &flash_attn_block_sparse_fwd);
 }
 
 }  // namespace

@@ -35,6 +35,13 @@ TORCH_LIBRARY(flashext, m) {
       "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal=False, "
       "float? softmax_scale=None, int window_left=-1, int window_right=-1, float softcap=0.0, "
       "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
+  // block-sparse: query i sees key j only where block_mask[b, h, i / block_rows, j / block_cols]
+  // (bool, (B or 1, H or 1, ⌈Sq/R⌉, ⌈Sk/C⌉)), and causal / windows as flash_attn_fwd; out like q,
+  // lse (B, H, Sq). Forward only.
+  m.def(
+      "flash_attn_block_sparse_fwd(Tensor q, Tensor k, Tensor v, Tensor block_mask, int block_rows, int block_cols, "
+      "bool causal=False, float? softmax_scale=None, int window_left=-1, int window_right=-1, float softcap=0.0) "
+      "-> (Tensor, Tensor)");
   // attention over KV caches (dense or paged via block_table); k, v (new tokens) are written into
   // the caches at each sequence's length first; out like q, lse (B, H, Sq)
   m.def(

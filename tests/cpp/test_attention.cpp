@@ -178,11 +178,14 @@ struct Case {
   int window_left = -1, window_right = -1;
   float softcap = 0.0f;
   std::vector<int> varlen_q, varlen_k;  // non-empty: packed ragged batch with these lengths
+  int block_rows = 0, block_cols = 0;  // > 0: block-sparse, a random mask of (R, C) blocks
 };
 
 // out (rows, H, D) and lse (H, rows) for one sequence, in double.
+// Block-sparse: mask (H, ⌈sq/R⌉, ⌈sk/C⌉) of this sequence, or null.
 void reference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v, int sq, int sk,
-               const Case& c, float scale, std::vector<double>& out, std::vector<double>& lse) {
+               const Case& c, float scale, std::vector<double>& out, std::vector<double>& lse,
+               const uint8_t* mask = nullptr) {
   const int group = c.heads / c.heads_kv, d = c.head_dim, right = c.causal ? 0 : c.window_right;
   out.assign(size_t(sq) * c.heads * d, 0.0);
   lse.assign(size_t(c.heads) * sq, -INFINITY);
@@ -194,6 +197,10 @@ void reference(const std::vector<float>& q, const std::vector<float>& k, const s
       for (int j = 0; j < sk; ++j) {
         const int diag = i + sk - sq;
         if ((c.window_left >= 0 && j < diag - c.window_left) || (right >= 0 && j > diag + right)) continue;
+        if (mask != nullptr) {
+          const int rows = (sq + c.block_rows - 1) / c.block_rows, cols = (sk + c.block_cols - 1) / c.block_cols;
+          if (!mask[(size_t(h) * rows + i / c.block_rows) * cols + j / c.block_cols]) continue;
+        }
         double dot = 0;
         for (int e = 0; e < d; ++e) dot += double(q[(size_t(i) * c.heads + h) * d + e]) * k[(size_t(j) * c.heads_kv + hk) * d + e];
         dot *= scale;
@@ -266,7 +273,27 @@ void run_case(const Case& c) {
   p.window_left = c.window_left;
   p.window_right = c.causal ? 0 : c.window_right;
   p.dtype = flashext_test::dtype_of<T>();
-  FX_ASSERT_CUDA(flashext::run_flash_fwd(p, nullptr));
+  const bool sparse = c.block_rows > 0;
+  const int mask_rows = sparse ? (c.seqlen_q + c.block_rows - 1) / c.block_rows : 0;
+  const int mask_cols = sparse ? (c.seqlen_k + c.block_cols - 1) / c.block_cols : 0;
+  std::vector<uint8_t> mask(size_t(c.batch) * c.heads * mask_rows * mask_cols);
+  for (auto& m : mask) m = uint8_t(rng() % 3 == 0);  // a third of the blocks set
+  DeviceBuffer dmask(mask.size() + 16);
+  if (sparse) {
+    flashext_test::upload(dmask.get(), mask);
+    p.block_mask = dmask.at<uint8_t>();
+    p.mask_row_stride = mask_cols;
+    p.mask_head_stride = int64_t(mask_rows) * mask_cols;
+    p.mask_batch_stride = int64_t(c.heads) * p.mask_head_stride;
+    p.block_rows = c.block_rows;
+    p.block_cols = c.block_cols;
+  }
+  DeviceBuffer dworkspace(sparse ? flashext::flash_block_sparse_workspace_bytes(p) : 0);
+  if (sparse) {
+    FX_ASSERT_CUDA(flashext::run_flash_block_sparse_fwd(p, dworkspace.get(), nullptr));
+  } else {
+    FX_ASSERT_CUDA(flashext::run_flash_fwd(p, nullptr));
+  }
   FX_ASSERT_CUDA(cudaDeviceSynchronize());
 
   const auto out = flashext_test::download<T>(dout.get(), q.size());
@@ -280,7 +307,8 @@ void run_case(const Case& c) {
       vf.push_back(to_float(v[i]));
     }
     std::vector<double> want, want_lse;
-    reference(qf, kf, vf, lq[b], lk[b], c, p.softmax_scale, want, want_lse);
+    reference(qf, kf, vf, lq[b], lk[b], c, p.softmax_scale, want, want_lse,
+              sparse ? mask.data() + b * size_t(c.heads) * mask_rows * mask_cols : nullptr);
     for (int i = 0; i < lq[b]; ++i) {
       for (int h = 0; h < c.heads; ++h) {
         for (int e = 0; e < d; ++e) {
@@ -321,6 +349,19 @@ TYPED_TEST(FlashFwdKernel, AgainstCpuReference) {
   varlen.varlen_q = {0, 1, 7, 70};
   varlen.varlen_k = {3, 0, 7, 90};
   run_case<TypeParam>(varlen);
+}
+
+TYPED_TEST(FlashFwdKernel, BlockSparseAgainstCpuReference) {
+  FX_SKIP_WITHOUT_GPU();
+  Case aligned{2, 256, 320, 4, 2, 64};  // blocks of the kernel's tiles: whole or skipped
+  aligned.block_rows = 128, aligned.block_cols = 128;
+  run_case<TypeParam>(aligned);
+  Case odd{1, 150, 170, 2, 1, 128, /*causal=*/true};  // partial tiles: per-element lookups
+  odd.block_rows = 7, odd.block_cols = 33;
+  run_case<TypeParam>(odd);
+  Case wide{1, 90, 200, 2, 2, 256, false, 30, 10};  // windows; one block row taller than Sq
+  wide.block_rows = 100, wide.block_cols = 16;
+  run_case<TypeParam>(wide);
 }
 
 }  // namespace

@@ -47,6 +47,17 @@ struct FlashFwdParams {
   // or top-left (torch SDPA's is_causal: query i sits at key i).
   bool align_top_left = false;
   DType dtype = DType::kBFloat16;  // kFloat16 or kBFloat16
+  // Block-sparse (run_flash_block_sparse_fwd only; dense batch): query i sees key j only where
+  // block_mask[b][h][i / block_rows][j / block_cols] is nonzero, on top of causal and windows.
+  // One byte per block, the last dim contiguous; a batch or head stride of 0 broadcasts.
+  const uint8_t* block_mask = nullptr;
+  int64_t mask_batch_stride = 0, mask_head_stride = 0, mask_row_stride = 0;
+  int block_rows = 1, block_cols = 1;
+  // Set by run_flash_block_sparse_fwd (in its workspace): per (batch, head, query block of the
+  // kernel), a count, then the visible key blocks as key_block · 2 + partial (partial: some of
+  // its elements are masked by block_mask, looked up per element), ascending.
+  const int* sparse_blocks = nullptr;
+  int sparse_stride = 0;  // ints per (batch, head, query block)
 };
 
 // The compiled head dim that serves `head_dim` (64, 128 or 256), or 0 when none does
@@ -54,6 +65,13 @@ struct FlashFwdParams {
 int flash_fwd_kernel_head_dim(int head_dim);
 
 cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
+
+// Block-sparse attention forward (block_mask, block_rows and block_cols set; no cu_seqlens): a
+// small kernel lists, per query block, the key blocks any of whose (row, column) blocks is set
+// (in `workspace`, flash_block_sparse_workspace_bytes of it), then the forward visits only those:
+// key blocks wholly masked cost nothing, wholly visible ones nothing extra.
+size_t flash_block_sparse_workspace_bytes(const FlashFwdParams& params);
+cudaError_t run_flash_block_sparse_fwd(const FlashFwdParams& params, void* workspace, cudaStream_t stream);
 
 // The backward: dq, dk, dv from dout, the forward's inputs, its out and its lse (natural log,
 // −inf for a query that sees no key: its gradients are 0). The same layouts, strides and options

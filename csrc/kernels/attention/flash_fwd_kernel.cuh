@@ -98,7 +98,11 @@ struct FlashFwdConfig {
 // (Config::kPersistent, uniform work only): a 1-D grid of resident blocks walks the num_tiles
 // query blocks in turn, query block fastest, then head, then batch (so that the blocks running at
 // once share K/V in L2).
-template <typename T, typename Config>
+//
+// kSparse (block-sparse, never persistent): the key blocks come from this query block's list in
+// p.sparse_blocks (block_sparse_plan) instead of [n_lo, n_hi), and a partly visible one looks
+// p.block_mask up per element; the dense kernels' code is unchanged.
+template <typename T, typename Config, bool kSparse = false>
 __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const FlashFwdParams p, const int num_tiles) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kMTiles = Config::kMTiles;
@@ -169,7 +173,19 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     int n_lo = 0, n_hi = seqlen_k;
     if (p.window_left >= 0) n_lo = max(0, m_start + diag - p.window_left) / kBlockN * kBlockN;
     if (p.window_right >= 0) n_hi = min(seqlen_k, m_last + diag + p.window_right + 1);
-    const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
+    // Block-sparse: the listed key blocks (a subset of [n_lo, n_hi)); entry and entry_next are this
+    // and the next one's (key block · 2 + partial), the list read one block ahead of its use.
+    const int* sparse = nullptr;
+    int entry = 0, entry_next = 0;
+    if constexpr (kSparse) {
+      sparse = p.sparse_blocks + ((int64_t(batch) * p.heads + head) * m_blocks + m_block) * p.sparse_stride;
+    }
+    const int num_n_blocks = kSparse ? sparse[0] : n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
+    if constexpr (kSparse) {
+      entry = num_n_blocks > 0 ? sparse[1] : 0;
+      entry_next = num_n_blocks > 1 ? sparse[2] : 0;
+    }
+    const int n_first = kSparse ? (entry >> 1) * kBlockN : n_lo;
 
     const bool softcap_on = p.softcap > 0.0f;
     // Scores enter exp2 as s · score_scale − m · score_scale (one FFMA); s is the raw Q Kᵀ (or the
@@ -204,10 +220,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     // so that the first Q Kᵀ waits only for the first group (single-buffered, V loads under Q Kᵀ).
     if (num_n_blocks > 0 && !prefetched) {
       load_tile<Config, kBlockM>(smem_q, q, p.q_row_stride, seqlen_q - m_start, p.head_dim);
-      load_k(smem_k, n_lo);
+      load_k(smem_k, n_first);
     }
     ptx::cp_async_commit();
-    if (Config::kDoubleBuffer && num_n_blocks > 0) load_v(smem_v, n_lo);
+    if (Config::kDoubleBuffer && num_n_blocks > 0) load_v(smem_v, n_first);
     ptx::cp_async_commit();
 
     // ldmatrix addresses: this lane's row of each fragment, at chunk 0 or 1 (swizzled_chunk_addr
@@ -221,7 +237,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         ptx::smem_addr(smem_v) + 2 * swizzled<kHeadDim>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
 
     for (int it = 0; it < num_n_blocks; ++it) {
-      const int n_start = n_lo + it * kBlockN;
+      // (the dense form's expressions stay as they were: the D <= 128 code is sensitive to them)
+      const int n_start = kSparse ? (entry >> 1) * kBlockN : n_lo + it * kBlockN;
+      const int n_next = kSparse ? (entry_next >> 1) * kBlockN : 0;
       const int buffer = Config::kDoubleBuffer ? it % 2 : 0;
       const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
       const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
@@ -234,13 +252,15 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
       if constexpr (Config::kDoubleBuffer) {
         if (it + 1 < num_n_blocks) {  // prefetch the next K and V tiles while this one is computed
           const int other = (it + 1) % 2;
-          load_k(smem_k + other * Config::kTileKV, n_start + kBlockN);
-          load_v(smem_v + other * Config::kTileKV, n_start + kBlockN);
+          load_k(smem_k + other * Config::kTileKV, kSparse ? n_next : n_start + kBlockN);
+          load_v(smem_v + other * Config::kTileKV, kSparse ? n_next : n_start + kBlockN);
         }
       } else {  // this block's V loads while Q Kᵀ runs
         load_v(smem_v, n_start);
       }
       ptx::cp_async_commit();
+      int entry_after = 0;  // the list entry after next, read now, used an iteration later
+      if constexpr (kSparse) entry_after = it + 2 < num_n_blocks ? sparse[it + 3] : 0;
 
       // S = Q Kᵀ for this warp's kMTiles × 16 rows × kBlockN columns.
       float s[kMTiles][kNTiles][4];
@@ -275,7 +295,11 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
         ptx::cp_async_wait<0>();
         __syncthreads();  // V is in shared memory; every warp is done with K (and Q)
         if (it + 1 < num_n_blocks) {
-          load_k(smem_k, n_start + kBlockN);
+          if constexpr (kSparse) {
+            load_k(smem_k, n_next);
+          } else {
+            load_k(smem_k, n_start + kBlockN);
+          }
         } else if (prefetch_next) {
           int next_m, next_head, next_batch;
           tile_coords(tile + int(gridDim.x), next_m, next_head, next_batch);
@@ -336,6 +360,41 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
           mask(std::false_type{});
         } else {
           mask(std::true_type{});
+        }
+      }
+      if constexpr (kSparse) {
+        if (entry & 1) {  // partly visible through block_mask: each element's (row, column) block
+          // A bit per column of this thread (2 · kNTiles ≤ 32) for each of its rows, built column
+          // by column (one division per column), then applied. Rows and columns past the sequence
+          // are masked already: clamped, so that no lookup leaves the mask.
+          const uint8_t* mask_bh = p.block_mask + batch * p.mask_batch_stride + head * p.mask_head_stride;
+          static_assert(2 * kNTiles <= 32, "a 32-bit mask per row");
+          const uint8_t* mask_row[kMTiles][2];
+          uint32_t visible[kMTiles][2];
+#pragma unroll
+          for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int row = min(m_start + warp_row0 + 16 * i + group + 8 * r, seqlen_q - 1);
+              mask_row[i][r] = mask_bh + int64_t(row / p.block_rows) * p.mask_row_stride;
+              visible[i][r] = 0u;
+            }
+#pragma unroll
+          for (int c = 0; c < 2 * kNTiles; ++c) {
+            const int col_block = min(n_start + 8 * (c / 2) + 2 * quad + c % 2, seqlen_k - 1) / p.block_cols;
+#pragma unroll
+            for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+              for (int r = 0; r < 2; ++r) visible[i][r] |= uint32_t(mask_row[i][r][col_block] != 0) << c;
+          }
+#pragma unroll
+          for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+              for (int c = 0; c < 2 * kNTiles; ++c) {
+                if (!((visible[i][r] >> c) & 1u)) s[i][c / 2][2 * r + c % 2] = -INFINITY;
+              }
         }
       }
 
@@ -448,6 +507,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
           }
         }
       }
+      if constexpr (kSparse) {
+        entry = entry_next;
+        entry_next = entry_after;
+      }
     }
 
     // Epilogue: O = acc_o / l (0 for a row that saw no key), lse = (m + log2 l) · ln 2. O goes
@@ -524,6 +587,65 @@ cudaError_t launch_flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
   }
   const dim3 grid(m_blocks, p.heads, p.batch);
   kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, 0);
+  return cudaGetLastError();
+}
+
+// Block-sparse plan: per (batch, head, query block of kBlockM rows), the key blocks of kBlockN in
+// the kernel's [n_lo, n_hi) (causal and windows as flash_fwd_kernel bounds them) that a set
+// (row, column) block of block_mask touches: the count, then key_block · 2 + partial, partial
+// when some block under it is not set. One warp per query block.
+template <int kBlockM, int kBlockN>
+__global__ void __launch_bounds__(32) block_sparse_plan(const FlashFwdParams p) {
+  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z, lane = threadIdx.x;
+  int* list = const_cast<int*>(p.sparse_blocks) +
+              ((int64_t(batch) * p.heads + head) * gridDim.x + m_block) * p.sparse_stride;
+  const int m_start = m_block * kBlockM, m_last = m_start + kBlockM - 1;
+  const int diag = p.align_top_left ? 0 : p.seqlen_k - p.seqlen_q;
+  int n_lo = 0, n_hi = p.seqlen_k;
+  if (p.window_left >= 0) n_lo = max(0, m_start + diag - p.window_left) / kBlockN * kBlockN;
+  if (p.window_right >= 0) n_hi = min(p.seqlen_k, m_last + diag + p.window_right + 1);
+  const uint8_t* mask = p.block_mask + batch * p.mask_batch_stride + head * p.mask_head_stride;
+  const int r0 = m_start / p.block_rows, r1 = min(m_last, p.seqlen_q - 1) / p.block_rows;
+  int count = 0;
+  for (int n = n_lo; n < n_hi; n += kBlockN) {
+    const int c0 = n / p.block_cols, c1 = (min(n + kBlockN, p.seqlen_k) - 1) / p.block_cols;
+    const int cols = c1 - c0 + 1, pairs = (r1 - r0 + 1) * cols;
+    bool any = false, all = true;
+    for (int idx = lane; idx < pairs; idx += 32) {
+      const bool set = mask[int64_t(r0 + idx / cols) * p.mask_row_stride + c0 + idx % cols] != 0;
+      any = any || set;
+      all = all && set;
+    }
+    any = __any_sync(0xffffffffu, any);
+    all = __all_sync(0xffffffffu, all);
+    if (any) {
+      if (lane == 0) list[1 + count] = (n / kBlockN) * 2 + (all ? 0 : 1);
+      ++count;
+    }
+  }
+  if (lane == 0) list[0] = count;
+}
+
+// Ints of the plan's lists at this head dim's tiles.
+template <int kHeadDim>
+int64_t sparse_plan_ints(const FlashFwdParams& p, int& stride) {
+  using Config = FlashFwdConfig<kHeadDim>;
+  stride = 1 + (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
+  return int64_t(p.batch) * p.heads * ((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM) * stride;
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_flash_fwd_sparse(const FlashFwdParams& params, void* workspace, cudaStream_t stream) {
+  using Config = FlashFwdConfig<kHeadDim>;
+  FlashFwdParams p = params;
+  sparse_plan_ints<kHeadDim>(p, p.sparse_stride);
+  p.sparse_blocks = static_cast<const int*>(workspace);
+  const dim3 grid((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, p.heads, p.batch);
+  block_sparse_plan<Config::kBlockM, Config::kBlockN><<<grid, 32, 0, stream>>>(p);
+  FX_RETURN_IF_ERROR(cudaGetLastError());
+  auto kernel = flash_fwd_kernel<T, Config, true>;
+  FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, 0);  // never persistent
   return cudaGetLastError();
 }
 
