@@ -121,7 +121,8 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, 
     ⌈Sk/C⌉), size-1 dims broadcast (FlashInfer's block-sparse layout; flashext.reference defines
     it). Combines with causal and windows (bottom-right, as flash_attention). Key blocks of the
     kernel that no set block touches are skipped, costing nothing; R and C multiples of the
-    kernel's tiles (64 or 128 keys, 64 or 128 queries) need no per-element lookup. A query that
+    kernel's tiles (query × key tiles: 128 × 128 at D = 64, 128 × 64 at D = 128, 64 × 64 at D =
+    256; 128 × 128 blocks suit all) need no per-element lookup. A query that
     sees no key outputs 0 with lse −inf. Forward only (no autograd formula yet).
     """
     rows, cols = block_size

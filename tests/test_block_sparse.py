@@ -60,12 +60,27 @@ def test_special_masks(block_size):
 
 
 @requires_cuda
+def test_mask_layouts_and_edges():
+    """Expanded (stride-0) and non-contiguous masks, causal with Sq > Sk, no keys at all."""
+    q, k, v = make_qkv(2, 200, 150, 4, 2, 64, torch.float16)
+    one = blocks(1, 1, 200, 150, (50, 30), 0.5)
+    check(q, k, v, one.expand(2, 4, -1, -1), (50, 30))  # batch and head strides 0
+    strided = blocks(2, 4, 200, 150, (50, 30), 0.5).transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert strided.stride(-1) != 1
+    check(q, k, v, strided, (50, 30), causal=True)  # Sq > Sk: the first 50 rows see no key
+    out, lse = flashext.block_sparse_attention(q, k[:, :0], v[:, :0], one[..., :0], (50, 30), return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=HALF_IDS)
 def test_full_mask_is_flash_attention(dtype):
     """Every key block whole: the same blocks in the same order as the dense kernel, bitwise."""
-    for head_dim, causal in ((64, False), (128, True), (256, False)):
-        q, k, v = make_qkv(2, 512, 640, 8, 2, head_dim, dtype)
-        mask = torch.ones(2, 8, 4, 5, dtype=torch.bool, device="cuda")
+    # (the last: D = 256 with more query blocks than fit at once, where the dense op runs persistent)
+    for batch, seqlen_q, head_dim, causal in ((2, 512, 64, False), (2, 512, 128, True), (2, 512, 256, False),
+                                              (4, 2560, 256, False)):
+        q, k, v = make_qkv(batch, seqlen_q, 640, 8, 2, head_dim, dtype)
+        mask = torch.ones(batch, 8, seqlen_q // 128, 5, dtype=torch.bool, device="cuda")
         out, lse = flashext.block_sparse_attention(q, k, v, mask, (128, 128), causal=causal, return_lse=True)
         dense, dense_lse = flashext.flash_attention(q, k, v, causal=causal, return_lse=True)
         assert torch.equal(out, dense) and torch.equal(lse, dense_lse)
@@ -111,6 +126,7 @@ def test_bad_input(device):
         ((good[0], (64, 64)), r"argument 'block_mask' must have shape"),
         ((good, (0, 64)), r"block_size entries must be >= 1, got \(0, 64\)"),
         ((good, (64, -1)), r"block_size entries must be >= 1"),
+        ((good, (2**62, 64)), r"argument 'block_mask' must have shape .* = \(2 or 1, 4 or 1, 1, 2\)"),  # no overflow
     ]
     if device == "cuda":
         cases.append(((good.cpu(), (64, 64)), r"argument 'block_mask' must be on the device of 'q'"))

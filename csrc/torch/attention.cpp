@@ -254,8 +254,9 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_block_sparse_fwd(const at::Tensor&
            ": argument 'block_mask' must be a bool tensor, got ", mask_in.defined() ? mask_in.scalar_type() : at::kBool);
   FX_CHECK(is_meta(q_in) || mask_in.device() == q_in.device(), kBlockSparse,
            ": argument 'block_mask' must be on the device of 'q' (", q_in.device(), "), got ", mask_in.device());
-  const c10::SymInt mask_rows = (q_in.sym_size(1) + block_rows - 1) / block_rows;
-  const c10::SymInt mask_cols = (k_in.sym_size(1) + block_cols - 1) / block_cols;
+  const auto ceil_div = [](const c10::SymInt& n, int64_t d) { return n == 0 ? c10::SymInt(0) : (n - 1) / d + 1; };
+  const c10::SymInt mask_rows = ceil_div(q_in.sym_size(1), block_rows);  // (no overflow for any block size)
+  const c10::SymInt mask_cols = ceil_div(k_in.sym_size(1), block_cols);
   FX_CHECK(mask_in.dim() == 4 && (mask_in.sym_size(0) == 1 || mask_in.sym_size(0) == q_in.sym_size(0)) &&
                (mask_in.sym_size(1) == 1 || mask_in.sym_size(1) == q_in.sym_size(2)) &&
                mask_in.sym_size(2) == mask_rows && mask_in.sym_size(3) == mask_cols,
@@ -267,6 +268,11 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_block_sparse_fwd(const at::Tensor&
                                     q_in.options().dtype(at::kFloat));
   if (is_meta(q_in) || out.numel() == 0) return {out, lse};
   const c10::cuda::CUDAGuard guard(q_in.device());
+  if (k_in.size(1) == 0) {  // no keys (and an empty mask): every query sees none
+    out.zero_();
+    lse.fill_(-INFINITY);
+    return {out, lse};
+  }
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
   const at::Tensor mask = mask_in.stride(3) == 1 ? mask_in : mask_in.contiguous();
   flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,

@@ -225,7 +225,8 @@ template <typename T>
 void run_case(const Case& c) {
   SCOPED_TRACE("B=" + std::to_string(c.batch) + " Sq=" + std::to_string(c.seqlen_q) + " Sk=" + std::to_string(c.seqlen_k) +
                " H=" + std::to_string(c.heads) + "/" + std::to_string(c.heads_kv) + " D=" + std::to_string(c.head_dim) +
-               " causal=" + std::to_string(c.causal) + " varlen=" + std::to_string(!c.varlen_q.empty()));
+               " causal=" + std::to_string(c.causal) + " varlen=" + std::to_string(!c.varlen_q.empty()) +
+               " blocks=" + std::to_string(c.block_rows) + "x" + std::to_string(c.block_cols));
   const bool varlen = !c.varlen_q.empty();
   std::vector<int> lq = varlen ? c.varlen_q : std::vector<int>(c.batch, c.seqlen_q);
   std::vector<int> lk = varlen ? c.varlen_k : std::vector<int>(c.batch, c.seqlen_k);
