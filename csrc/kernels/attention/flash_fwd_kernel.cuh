@@ -593,7 +593,8 @@ cudaError_t launch_flash_fwd(const FlashFwdParams& p, cudaStream_t stream) {
 // Block-sparse plan: per (batch, head, query block of kBlockM rows), the key blocks of kBlockN in
 // the kernel's [n_lo, n_hi) (causal and windows as flash_fwd_kernel bounds them) that a set
 // (row, column) block of block_mask touches: the count, then key_block · 2 + partial, partial
-// when some block under it is not set. One warp per query block.
+// when some block under it is not set, ascending. One warp per query block, a lane per key block
+// (32 at a time, compacted by ballot).
 template <int kBlockM, int kBlockN>
 __global__ void __launch_bounds__(32) block_sparse_plan(const FlashFwdParams p) {
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z, lane = threadIdx.x;
@@ -606,22 +607,26 @@ __global__ void __launch_bounds__(32) block_sparse_plan(const FlashFwdParams p) 
   if (p.window_right >= 0) n_hi = min(p.seqlen_k, m_last + diag + p.window_right + 1);
   const uint8_t* mask = p.block_mask + batch * p.mask_batch_stride + head * p.mask_head_stride;
   const int r0 = m_start / p.block_rows, r1 = min(m_last, p.seqlen_q - 1) / p.block_rows;
+  const int first = n_lo / kBlockN, last = n_hi > n_lo ? (n_hi - 1) / kBlockN : first - 1;
   int count = 0;
-  for (int n = n_lo; n < n_hi; n += kBlockN) {
-    const int c0 = n / p.block_cols, c1 = (min(n + kBlockN, p.seqlen_k) - 1) / p.block_cols;
-    const int cols = c1 - c0 + 1, pairs = (r1 - r0 + 1) * cols;
+  for (int base = first; base <= last; base += 32) {
+    const int block = base + lane;
     bool any = false, all = true;
-    for (int idx = lane; idx < pairs; idx += 32) {
-      const bool set = mask[int64_t(r0 + idx / cols) * p.mask_row_stride + c0 + idx % cols] != 0;
-      any = any || set;
-      all = all && set;
+    if (block <= last) {
+      const int n = block * kBlockN;
+      const int c0 = n / p.block_cols, c1 = (min(n + kBlockN, p.seqlen_k) - 1) / p.block_cols;
+      for (int r = r0; r <= r1; ++r) {
+        const uint8_t* row = mask + int64_t(r) * p.mask_row_stride;
+        for (int c = c0; c <= c1; ++c) {
+          const bool set = row[c] != 0;
+          any = any || set;
+          all = all && set;
+        }
+      }
     }
-    any = __any_sync(0xffffffffu, any);
-    all = __all_sync(0xffffffffu, all);
-    if (any) {
-      if (lane == 0) list[1 + count] = (n / kBlockN) * 2 + (all ? 0 : 1);
-      ++count;
-    }
+    const unsigned listed = __ballot_sync(0xffffffffu, any);
+    if (any) list[1 + count + __popc(listed & ((1u << lane) - 1u))] = block * 2 + (all ? 0 : 1);
+    count += __popc(listed);
   }
   if (lane == 0) list[0] = count;
 }
