@@ -17,7 +17,8 @@
 #             FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to $OUT/{a1,b1,a2,b2}.json, for
 #             benchmarks/compare_ab.py
 #   pytest_each  pytest once per test file, each in its own process (a fault in one file cannot
-#             fail the others), FLASHEXT_PYTEST_TIMEOUT seconds each (default 300)
+#             fail the others), FLASHEXT_PYTEST_JOBS at a time (default 4; logs in $OUT/pytest/),
+#             FLASHEXT_PYTEST_TIMEOUT seconds each (default 300); the ptx step runs its tests so too
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
 #   FLASHEXT_PROFILE_BWD=1  profile the backward's main kernels instead of the forward
@@ -133,13 +134,39 @@ install() {  # a new user's non-editable install, run from outside the tree
     env -u PYTHONPATH "$venv/bin/python" -m flashext)
 }
 
+pytest_files() {  # pytest_files [PYTEST ARGS...]: each test file in a process of its own, several at once
+  local jobs=${FLASHEXT_PYTEST_JOBS:-4} dir=$OUT/pytest rc=0 f log
+  local files=(${FLASHEXT_PYTEST_PATHS:-tests/test_*.py})
+  mkdir -p "$dir"
+  for f in "${files[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 0.5; done
+    log="$dir/$(basename "$f" .py).log"
+    (timeout "${FLASHEXT_PYTEST_TIMEOUT:-300}" $PY -m pytest -q -p no:cacheprovider --tb=short "$f" "$@" \
+      ${FLASHEXT_PYTEST_ARGS:-} >"$log" 2>&1; echo "exit $?" >>"$log") &
+  done
+  wait
+  for f in "${files[@]}"; do
+    log="$dir/$(basename "$f" .py).log"
+    local code result
+    code=$(tail -1 "$log" | sed 's/exit //')
+    result=$(grep -E "[0-9]+ (passed|failed|skipped|deselected|error)" "$log" | tail -1)
+    echo "$f: ${result:-no summary} (exit $code)"
+    if [ "$code" != 0 ] && [ "$code" != 5 ]; then  # 5: nothing collected (all deselected)
+      rc=1
+      grep -E "^(FAILED|ERROR)" "$log" | head -20
+      tail -30 "$log"
+    fi
+  done
+  return $rc
+}
+
 ptx() {  # the portable path: compute_80 PTX only, JIT-compiled on this GPU, under the GPU tests
   local archs=${FLASHEXT_PTX_ARCHS:-compute_80}
   FLASHEXT_CUDA_ARCHS=$archs build >/dev/null || return 1
   command -v cuobjdump >/dev/null && cuobjdump --list-ptx --list-elf flashext/_C*.so | sort | uniq -c | head
   $PY -c "import flashext; i = flashext.build_info(); print(i['cuda_archs'], i['ptx'], i['device_supported']); \
 assert i['device_supported'] and i['ptx'], i" || return 1
-  $PY -m pytest -q -p no:cacheprovider -m "not large" ${FLASHEXT_PYTEST_PATHS:-tests} ${FLASHEXT_PYTEST_ARGS:-}
+  pytest_files -m "not large"
   local rc=$?
   cpp_build build/cpp_ptx "$archs" && ctest --test-dir build/cpp_ptx --output-on-failure --timeout 300 || rc=1
   build >/dev/null
@@ -170,9 +197,7 @@ for step in "${steps[@]}"; do
     build) run_step build build || break ;;
     main) run_step "python -m flashext" $PY -m flashext ;;
     pytest) run_step pytest $PY -m pytest -q -p no:cacheprovider ${FLASHEXT_PYTEST_PATHS:-tests} ${FLASHEXT_PYTEST_ARGS:-} ;;
-    pytest_each) for f in ${FLASHEXT_PYTEST_PATHS:-tests/test_*.py}; do
-        run_step "pytest $f" timeout "${FLASHEXT_PYTEST_TIMEOUT:-300}" $PY -m pytest -q -p no:cacheprovider --tb=short "$f" ${FLASHEXT_PYTEST_ARGS:-}
-      done ;;
+    pytest_each) run_step "pytest, a process per file" pytest_files ;;
     ctest) run_step ctest ctest_run ;;
     sanitize) run_step compute-sanitizer sanitize ;;
     bench) run_step bench_gelu $PY benchmarks/bench_gelu.py ${BENCH_ARGS:-} ;;
