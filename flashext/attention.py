@@ -84,8 +84,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     if key.shape[1] != query.shape[1] and not enable_gqa:
         raise RuntimeError(f"{fn}: query has {query.shape[1]} heads and key {key.shape[1]}; pass enable_gqa=True "
                            "for grouped-query attention")
+    # like_inputs: out (and the gradients) in the layout of query (key, value), as torch returns them
     out, _ = _ops.flash_attn_fwd(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal,
-                                 scale, -1, -1, 0.0, True, _deterministic(False))
+                                 scale, -1, -1, 0.0, True, _deterministic(False), True)
     return out.transpose(1, 2)
 
 
@@ -147,7 +148,8 @@ def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tenso
 
 def _setup_dense(ctx, inputs, output):
     q, k, v = inputs[:3]
-    ctx.options = inputs[3:]  # causal, softmax_scale, window_left, window_right, softcap, align_top_left, deterministic
+    # causal, softmax_scale, window_left, window_right, softcap, align_top_left, deterministic, like_inputs
+    ctx.options = inputs[3:]
     ctx.save_for_backward(q, k, v, *output)
     ctx.set_materialize_grads(False)
 
@@ -161,8 +163,10 @@ def _backward_dense(ctx, dout, dlse):
 
 def _setup_varlen(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
-    max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right, softcap, _, deterministic = inputs[5:]
-    ctx.options = (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right, softcap, deterministic)
+    (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right, softcap, _, deterministic,
+     like_inputs) = inputs[5:]
+    ctx.options = (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right, softcap, deterministic,
+                   like_inputs)
     ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, *output)
     ctx.set_materialize_grads(False)
 
@@ -171,7 +175,7 @@ def _backward_varlen(ctx, dout, dlse):
     q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse = ctx.saved_tensors
     dout = torch.zeros_like(out) if dout is None else dout
     dq, dk, dv = _ops.flash_attn_varlen_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, *ctx.options)
-    return dq, dk, dv, *([None] * 11)
+    return dq, dk, dv, *([None] * 12)
 
 
 # Shapes for tracing come from the C++ Meta registration, which runs the CUDA path's own checks

@@ -477,3 +477,20 @@ def test_lengths_past_the_kernels_int_bounds_are_refused():
     with pytest.raises(RuntimeError, match=r"flashext.flash_attention: sequence lengths must be at most 2\^29"):
         flashext.flash_attention(q, k, k)
     flashext.flash_attention(q, k[:, : 2**29], k[:, : 2**29])  # the limit itself is fine
+
+
+def test_output_layouts():
+    """Outputs are contiguous, or with like_inputs in the inputs' layouts (empty_like), as PyTorch's
+    own kernels return them (what SDPA's callers and compiled graphs expect); meta suffices."""
+    q, k, v = (torch.empty(2, 4, 96, 64, dtype=torch.bfloat16, device="meta").transpose(1, 2) for _ in range(3))
+    ops = torch.ops.flashext
+    out, _ = ops.flash_attn_fwd(q, k, v)
+    assert out.is_contiguous()
+    out, lse = ops.flash_attn_fwd(q, k, v, like_inputs=True)
+    assert out.stride() == torch.empty_like(q).stride() != out.contiguous().stride()
+    grads = ops.flash_attn_bwd(out, q, k, v, out, lse, None, like_inputs=True)
+    assert [g.stride() for g in grads] == [torch.empty_like(t).stride() for t in (q, k, v)]
+    assert all(g.is_contiguous() for g in ops.flash_attn_bwd(out, q, k, v, out, lse, None))
+    # flashext.scaled_dot_product_attention returns (B, H, S, D) contiguous, as torch's does
+    query = torch.empty(2, 4, 96, 64, dtype=torch.bfloat16, device="meta")
+    assert flashext.scaled_dot_product_attention(query, query, query).is_contiguous()

@@ -4,8 +4,10 @@
 // autograd registration: flashext/attention.py.
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -131,6 +133,13 @@ bool validate_cu_seqlens(const at::Tensor& cu_q, const at::Tensor& cu_k, int64_t
   return values[n - 1] == total_q;
 }
 
+// An output shaped like `t`: contiguous, or with like_inputs in t's layout (empty_like), zeroed
+// or not.
+at::Tensor output_like(const at::Tensor& t, bool like_inputs, bool zeroed) {
+  if (like_inputs) return zeroed ? at::zeros_like(t) : at::empty_like(t);
+  return zeroed ? at::zeros_symint(t.sym_sizes(), t.options()) : at::empty_symint(t.sym_sizes(), t.options());
+}
+
 // (batch, row, head) element strides of a dense (B, S, H, D) or packed (total, H, D) tensor.
 void set_strides(int64_t& batch, int64_t& row, int64_t& head, const at::Tensor& t) {
   const bool packed = t.dim() == 3;
@@ -192,10 +201,10 @@ flashext::FlashFwdParams attention_params(const at::Tensor& q, const at::Tensor&
 std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                                   bool causal, std::optional<double> softmax_scale, int64_t window_left,
                                                   int64_t window_right, double softcap, bool align_top_left,
-                                                  bool /*deterministic: the backward's*/) {
+                                                  bool /*deterministic: the backward's*/, bool like_inputs) {
   check_qkv(kFlash, q_in, k_in, v_in, 4);
   check_options(kFlash, softmax_scale, window_left, window_right, softcap);
-  at::Tensor out = at::empty_symint(q_in.sym_sizes(), q_in.options());
+  at::Tensor out = output_like(q_in, like_inputs, false);
   at::Tensor lse = at::empty_symint({q_in.sym_size(0), q_in.sym_size(2), q_in.sym_size(1)},
                                     q_in.options().dtype(at::kFloat));
   if (is_meta(q_in) || out.numel() == 0) return {out, lse};
@@ -214,7 +223,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
                                                          int64_t max_seqlen_k, bool causal,
                                                          std::optional<double> softmax_scale, int64_t window_left,
                                                          int64_t window_right, double softcap, bool validate,
-                                                         bool /*deterministic: the backward's*/) {
+                                                         bool /*deterministic: the backward's*/, bool like_inputs) {
   check_qkv(kFlashVarlen, q_in, k_in, v_in, 3);
   check_options(kFlashVarlen, softmax_scale, window_left, window_right, softcap);
   check_cu_seqlens_args(kFlashVarlen, q_in, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
@@ -224,8 +233,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   const bool covered = !is_meta(q_in) && validate && validate_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q_in.size(0),
                                                                          k_in.size(0), max_seqlen_q, max_seqlen_k);
   const std::array<c10::SymInt, 2> lse_shape{q_in.sym_size(1), q_in.sym_size(0)};
-  at::Tensor out = covered ? at::empty_symint(q_in.sym_sizes(), q_in.options())
-                           : at::zeros_symint(q_in.sym_sizes(), q_in.options());
+  at::Tensor out = output_like(q_in, like_inputs, !covered);
   at::Tensor lse = covered ? at::empty_symint(lse_shape, q_in.options().dtype(at::kFloat))
                            : at::full_symint(lse_shape, -INFINITY, q_in.options().dtype(at::kFloat));
   if (is_meta(q_in) || out.numel() == 0 || cu_seqlens_q.size(0) == 1) return {out, lse};
@@ -366,16 +374,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const std::optional<at::Tensor>& dlse_in, bool causal,
     std::optional<double> softmax_scale, int64_t window_left, int64_t window_right, double softcap,
-    bool align_top_left, bool deterministic) {
+    bool align_top_left, bool deterministic, bool like_inputs) {
   check_qkv(kFlashBwd, q_in, k_in, v_in, 4);
   check_options(kFlashBwd, softmax_scale, window_left, window_right, softcap);
   const std::array<c10::SymInt, 3> lse_shape{q_in.sym_size(0), q_in.sym_size(2), q_in.sym_size(1)};
   check_grad_inputs(kFlashBwd, q_in, dout_in, out_in, lse_in, dlse_in, lse_shape);
   const bool empty = q_in.sym_numel() == 0 || k_in.sym_numel() == 0;
   // No query or no key: every gradient is 0 (an output that sees no key is 0 whatever k and v).
-  at::Tensor dq = empty ? at::zeros_symint(q_in.sym_sizes(), q_in.options()) : at::empty_symint(q_in.sym_sizes(), q_in.options());
-  at::Tensor dk = empty ? at::zeros_symint(k_in.sym_sizes(), k_in.options()) : at::empty_symint(k_in.sym_sizes(), k_in.options());
-  at::Tensor dv = empty ? at::zeros_symint(v_in.sym_sizes(), v_in.options()) : at::empty_symint(v_in.sym_sizes(), v_in.options());
+  at::Tensor dq = output_like(q_in, like_inputs, empty);
+  at::Tensor dk = output_like(k_in, like_inputs, empty);
+  at::Tensor dv = output_like(v_in, like_inputs, empty);
   if (is_meta(q_in) || empty) return {dq, dk, dv};
   run_backward(kFlashBwd, dout_in, q_in, k_in, v_in, out_in, lse_in, dlse_in, dq, dk, dv, causal, softmax_scale,
                window_left, window_right, softcap, q_in.size(1), k_in.size(1), nullptr, nullptr, align_top_left,
@@ -388,16 +396,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_varlen_bwd(
     const at::Tensor& out_in, const at::Tensor& lse_in, const std::optional<at::Tensor>& dlse_in,
     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
     bool causal, std::optional<double> softmax_scale, int64_t window_left, int64_t window_right, double softcap,
-    bool deterministic) {
+    bool deterministic, bool like_inputs) {
   check_qkv(kFlashVarlenBwd, q_in, k_in, v_in, 3);
   check_options(kFlashVarlenBwd, softmax_scale, window_left, window_right, softcap);
   check_cu_seqlens_args(kFlashVarlenBwd, q_in, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   const std::array<c10::SymInt, 2> lse_shape{q_in.sym_size(1), q_in.sym_size(0)};
   check_grad_inputs(kFlashVarlenBwd, q_in, dout_in, out_in, lse_in, dlse_in, lse_shape);
   // Key rows no sequence covers get no block: dk and dv start at 0 (dq is written everywhere).
-  at::Tensor dq = at::empty_symint(q_in.sym_sizes(), q_in.options());
-  at::Tensor dk = at::zeros_symint(k_in.sym_sizes(), k_in.options());
-  at::Tensor dv = at::zeros_symint(v_in.sym_sizes(), v_in.options());
+  at::Tensor dq = output_like(q_in, like_inputs, false);
+  at::Tensor dk = output_like(k_in, like_inputs, true);
+  at::Tensor dv = output_like(v_in, like_inputs, true);
   if (is_meta(q_in)) return {dq, dk, dv};
   if (q_in.numel() == 0 || k_in.numel() == 0 || cu_seqlens_q.size(0) == 1) return {dq.zero_(), dk, dv};
   run_backward(kFlashVarlenBwd, dout_in, q_in, k_in, v_in, out_in, lse_in, dlse_in, dq, dk, dv, causal,

@@ -15,26 +15,29 @@ TORCH_LIBRARY(flashext, m) {
   // (grad_x, grad_bias) with grad_bias = Σ over all leading dims of grad_x
   m.def("bias_gelu_backward(Tensor grad_out, Tensor x, Tensor bias, str approximate=\"none\") -> (Tensor, Tensor)");
   // (out, lse): out like q (B, Sq, H, D), lse (B, H, Sq) fp32, natural log. deterministic is the
-  // backward's (autograd reads it from here).
+  // backward's (autograd reads it from here). Outputs are contiguous, or with like_inputs in the
+  // layout of the input they match (empty_like: out like q; in the backward dq, dk, dv like q, k,
+  // v), as PyTorch's own attention kernels return them.
   m.def(
       "flash_attn_fwd(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
       "int window_left=-1, int window_right=-1, float softcap=0.0, bool align_top_left=False, "
-      "bool deterministic=False) -> (Tensor, Tensor)");
+      "bool deterministic=False, bool like_inputs=False) -> (Tensor, Tensor)");
   // packed ragged batch: q (total_q, H, D), k/v (total_k, Hkv, D); lse (H, total_q)
   m.def(
       "flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
       "int max_seqlen_q, int max_seqlen_k, bool causal=False, float? softmax_scale=None, int window_left=-1, "
-      "int window_right=-1, float softcap=0.0, bool validate=False, bool deterministic=False) -> (Tensor, Tensor)");
+      "int window_right=-1, float softcap=0.0, bool validate=False, bool deterministic=False, "
+      "bool like_inputs=False) -> (Tensor, Tensor)");
   // (dq, dk, dv) from dout, the forward's inputs, out and lse, and dlse when the lse was used
   m.def(
       "flash_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
       "bool causal=False, float? softmax_scale=None, int window_left=-1, int window_right=-1, float softcap=0.0, "
-      "bool align_top_left=False, bool deterministic=False) -> (Tensor, Tensor, Tensor)");
+      "bool align_top_left=False, bool deterministic=False, bool like_inputs=False) -> (Tensor, Tensor, Tensor)");
   m.def(
       "flash_attn_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
       "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal=False, "
       "float? softmax_scale=None, int window_left=-1, int window_right=-1, float softcap=0.0, "
-      "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
+      "bool deterministic=False, bool like_inputs=False) -> (Tensor, Tensor, Tensor)");
   // block-sparse: query i sees key j only where block_mask[b, h, i / block_rows, j / block_cols]
   // (bool, (B or 1, H or 1, ⌈Sq/R⌉, ⌈Sk/C⌉)), and causal / windows as flash_attn_fwd; out like q,
   // lse (B, H, Sq). Forward only.

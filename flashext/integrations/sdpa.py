@@ -19,8 +19,8 @@ does not take (dropout, ALiBi, seqused_k, a paged cache, float32, a head dim ove
 multiple of 8, a scale that is not positive and finite, a GPU this build has no kernels for, or
 head dims over 128 where the GPU's shared memory cannot hold the backward's tiles) runs PyTorch's
 own kernel instead, forward and backward alike, so an answer is never wrong, only sometimes not
-flashext's. Outputs and gradients come in the layout PyTorch's kernel gives them (what compiled
-graphs assert): SDPA's (B, H, S, D) tensors cost one copy each of out, dq, dk and dv today.
+flashext's. Outputs and gradients come in the layout PyTorch's kernel gives them (empty_like of
+the inputs, which compiled graphs assert), written there by the kernels (no copies).
 
 Which backend SDPA picks is unchanged: on Hopper its default order puts cuDNN first, so plain
 `F.scaled_dot_product_attention` calls reach the flash backend (and flashext) only with it chosen,
@@ -72,16 +72,6 @@ def _window(value: int | None, max_k: int) -> int:
     return -1 if value is None or value < 0 or value >= max_k else int(value)
 
 
-def _like(result: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """`result` in the layout PyTorch's kernel gives (empty_like(reference)), which compiled graphs
-    assert: SDPA hands the op (B, S, H, D) views of (B, H, S, D) tensors, flashext's ops return
-    contiguous (B, S, H, D). A copy when they differ."""
-    like = torch.empty_like(reference)
-    if like.stride() == result.stride():
-        return result
-    return like.copy_(result)
-
-
 def _unsupported(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cum_seq_q, dropout_p: float,
                  scale: float | None) -> str | None:
     """Why flashext cannot run this call (None: it can). Only what both passes know, so that the
@@ -122,15 +112,16 @@ def _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, i
     left, right = _window(window_size_left, max_k), _window(window_size_right, max_k)
     if cum_seq_q is None:
         out, lse = torch.ops.flashext.flash_attn_fwd(query, key, value, is_causal, scale, left, right, 0.0, False,
-                                                     deterministic)
+                                                     deterministic, True)
     else:
         out, lse = torch.ops.flashext.flash_attn_varlen_fwd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
-                                                            is_causal, scale, left, right, 0.0, False, deterministic)
+                                                            is_causal, scale, left, right, 0.0, False, deterministic,
+                                                            True)
     # No dropout: the RNG state the backward would replay is unused (zeros, as PyTorch's FA3/FA4
     # providers return); an empty debug mask.
     rng_state = torch.zeros((2,), dtype=torch.uint64, device=query.device)
     unused = torch.zeros((), dtype=torch.uint64, device=query.device)
-    return _like(out, query), lse, rng_state, unused, torch.empty(0, dtype=query.dtype, device=query.device)
+    return out, lse, rng_state, unused, torch.empty(0, dtype=query.dtype, device=query.device)
 
 
 def _forward_inplace(out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
@@ -156,13 +147,11 @@ def _backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
     deterministic = torch.are_deterministic_algorithms_enabled()
     left, right = _window(window_size_left, max_k), _window(window_size_right, max_k)
     if cum_seq_q is None:
-        grads = torch.ops.flashext.flash_attn_bwd(grad_out, query, key, value, out, logsumexp, None, is_causal, scale,
-                                                  left, right, 0.0, False, deterministic)
-    else:
-        grads = torch.ops.flashext.flash_attn_varlen_bwd(grad_out, query, key, value, out, logsumexp, None, cum_seq_q,
-                                                         cum_seq_k, max_q, max_k, is_causal, scale, left, right, 0.0,
-                                                         deterministic)
-    return tuple(_like(g, t) for g, t in zip(grads, (query, key, value)))
+        return torch.ops.flashext.flash_attn_bwd(grad_out, query, key, value, out, logsumexp, None, is_causal, scale,
+                                                 left, right, 0.0, False, deterministic, True)
+    return torch.ops.flashext.flash_attn_varlen_bwd(grad_out, query, key, value, out, logsumexp, None, cum_seq_q,
+                                                    cum_seq_k, max_q, max_k, is_causal, scale, left, right, 0.0,
+                                                    deterministic, True)
 
 
 def _activate() -> _Handle:
