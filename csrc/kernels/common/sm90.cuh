@@ -1,0 +1,245 @@
+// flashext Hopper (sm_90a) primitives, as inline PTX: mbarriers, TMA tile loads, the async proxy
+// fence, warpgroup MMA (wgmma) with shared-memory matrix descriptors, and register reallocation.
+// The building blocks of the Hopper attention path (docs/notes/attention.md, "Plan for the Hopper
+// forward"); tests/cpp/test_sm90.cu checks each against the CPU. Compiled for anything but sm_90a
+// (whose `a` features these are) every function traps: callers dispatch on the device first.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "macros.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FX_SM90_ENABLED 1
+#else
+#define FX_SM90_ENABLED 0
+#endif
+
+namespace flashext {
+namespace sm90 {
+
+// Whether this compilation holds the sm_90a instructions (device code; false on the host pass).
+FX_DEVICE constexpr bool enabled() { return FX_SM90_ENABLED != 0; }
+
+FX_DEVICE uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// ---- mbarriers (PTX ISA §9.7.13.15) ---------------------------------------------------------
+FX_DEVICE void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+#if FX_SM90_ENABLED
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Makes mbarrier.init visible to the async proxy (TMA) and the other threads of the cluster.
+FX_DEVICE void fence_barrier_init() {
+#if FX_SM90_ENABLED
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// One arrival that also announces `bytes` the async proxy will deliver (complete_tx) this phase.
+FX_DEVICE void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if FX_SM90_ENABLED
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+FX_DEVICE void mbarrier_arrive(uint64_t* bar) {
+#if FX_SM90_ENABLED
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Blocks until the phase with parity `phase` has completed.
+FX_DEVICE void mbarrier_wait(uint64_t* bar, uint32_t phase) {
+#if FX_SM90_ENABLED
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_loop:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_loop;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(phase)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// ---- TMA (PTX ISA §9.7.9.25 cp.async.bulk.tensor) -------------------------------------------
+// A 2-D box of the tensor `map` describes (a CUtensorMap in global, constant or parameter memory)
+// at (col, row) in elements, into shared memory at dst, completing on `bar` (which must expect the
+// box's bytes).
+FX_DEVICE void tma_load_2d(void* dst, const void* map, uint64_t* bar, int col, int row) {
+#if FX_SM90_ENABLED
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::
+          "r"(smem_addr(dst)),
+      "l"(map), "r"(smem_addr(bar)), "r"(col), "r"(row)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy (TMA, wgmma)
+// accesses of them.
+FX_DEVICE void fence_proxy_async() {
+#if FX_SM90_ENABLED
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// ---- register reallocation (§9.7.17.2 setmaxnreg; every warp of the warpgroup executes it) ----
+template <int kRegisters>
+FX_DEVICE void setmaxnreg_inc() {
+#if FX_SM90_ENABLED
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#else
+  __trap();
+#endif
+}
+
+template <int kRegisters>
+FX_DEVICE void setmaxnreg_dec() {
+#if FX_SM90_ENABLED
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#else
+  __trap();
+#endif
+}
+
+// ---- wgmma (§9.7.15) -----------------------------------------------------------------------
+// Shared-memory matrix descriptor (§9.7.15.5.1) of a tile with the 128-byte swizzle: start address
+// >> 4 in bits 0-13, leading byte offset >> 4 in 16-29, stride byte offset >> 4 in 32-45, swizzle
+// mode in 62-63 (1: 128 B). K-major tiles (rows of 64 16-bit elements, 128 B, 8-row swizzle
+// atoms): leading offset unused (1), stride 1024 B between 8-row groups. MN-major tiles (the B of
+// P V read from V as stored): leading offset = bytes between 64-element slabs, stride 1024 B.
+// Tiles start 1024-byte aligned (the swizzle atom), so the base-offset field stays 0.
+FX_DEVICE uint64_t smem_descriptor(const void* tile, uint32_t leading_bytes, uint32_t stride_bytes) {
+  const uint64_t address = smem_addr(tile);
+  return ((address & 0x3FFFF) >> 4) | (uint64_t((leading_bytes & 0x3FFFF) >> 4) << 16) |
+         (uint64_t((stride_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+FX_DEVICE void wgmma_fence() {
+#if FX_SM90_ENABLED
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+FX_DEVICE void wgmma_commit() {
+#if FX_SM90_ENABLED
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+template <int kPending>
+FX_DEVICE void wgmma_wait() {
+#if FX_SM90_ENABLED
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Keeps the compiler from moving accesses of an accumulator across wgmma issue and wait.
+template <int kN>
+FX_DEVICE void fence_operands(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 × 64 fp32 per warpgroup: 32 per thread, the mma.sync m16n8 C layout per warp's 16 rows,
+// repeated over 8 n8 tiles) += A (64 × 16, descriptor, K-major) · B (16 × 64, descriptor; K-major
+// for trans_b = 0, MN-major for 1). scale_d = 0 ignores d's old values.
+template <typename T, int kTransB>
+FX_DEVICE void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d);
+
+// The same with A from registers: a[4] the m16n8k16 A fragment of this warp's 16 rows.
+template <typename T, int kTransB>
+FX_DEVICE void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d);
+
+#define FX_WGMMA_D32                                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FX_WGMMA_D32_OPERANDS                                                                               \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+#define FX_DEFINE_WGMMA_64(T, TYPE)                                                                          \
+  template <>                                                                                                \
+  FX_DEVICE void wgmma_m64n64k16_ss<T, 0>(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {   \
+    FX_WGMMA_SS(TYPE, 0)                                                                                     \
+  }                                                                                                          \
+  template <>                                                                                                \
+  FX_DEVICE void wgmma_m64n64k16_ss<T, 1>(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {   \
+    FX_WGMMA_SS(TYPE, 1)                                                                                     \
+  }                                                                                                          \
+  template <>                                                                                                \
+  FX_DEVICE void wgmma_m64n64k16_rs<T, 0>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,           \
+                                          int scale_d) {                                                    \
+    FX_WGMMA_RS(TYPE, 0)                                                                                     \
+  }                                                                                                          \
+  template <>                                                                                                \
+  FX_DEVICE void wgmma_m64n64k16_rs<T, 1>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,           \
+                                          int scale_d) {                                                    \
+    FX_WGMMA_RS(TYPE, 1)                                                                                     \
+  }
+
+#if FX_SM90_ENABLED
+#define FX_WGMMA_SS(TYPE, TRANS_B)                                                                              \
+  asm volatile(                                                                                                 \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                             \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " FX_WGMMA_D32 ", %32, %33, p, 1, 1, 0, " \
+      #TRANS_B ";\n}\n"                                                                                         \
+      : FX_WGMMA_D32_OPERANDS                                                                                   \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#define FX_WGMMA_RS(TYPE, TRANS_B)                                                                             \
+  asm volatile(                                                                                                \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                            \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " FX_WGMMA_D32                             \
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, " #TRANS_B ";\n}\n"                                                \
+      : FX_WGMMA_D32_OPERANDS                                                                                  \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+#else
+#define FX_WGMMA_SS(TYPE, TRANS_B) \
+  (void)d, (void)desc_a, (void)desc_b, (void)scale_d; \
+  __trap();
+#define FX_WGMMA_RS(TYPE, TRANS_B) \
+  (void)d, (void)a, (void)desc_b, (void)scale_d; \
+  __trap();
+#endif
+
+FX_DEFINE_WGMMA_64(__half, "f16")
+FX_DEFINE_WGMMA_64(__nv_bfloat16, "bf16")
+
+#undef FX_DEFINE_WGMMA_64
+#undef FX_WGMMA_SS
+#undef FX_WGMMA_RS
+#undef FX_WGMMA_D32
+#undef FX_WGMMA_D32_OPERANDS
+
+}  // namespace sm90
+}  // namespace flashext

@@ -1,0 +1,43 @@
+// flashext TMA descriptors (tma.h).
+#include "tma.h"
+
+namespace flashext {
+namespace {
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    // 12000: the ABI of cuTensorMapEncodeTiled since CUDA 12.0
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return EncodeTiled(nullptr);
+    }
+    return reinterpret_cast<EncodeTiled>(entry);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+cudaError_t make_tma_2d_swizzle128(CUtensorMap* map, const void* base, int element_bytes, uint64_t rows,
+                                   uint64_t cols, uint64_t row_stride_bytes, uint32_t box_rows, uint32_t box_cols) {
+  const EncodeTiled encode = encode_tiled();
+  if (encode == nullptr || element_bytes != 2 || box_cols * uint32_t(element_bytes) != 128) return cudaErrorInvalidValue;
+  const cuuint64_t dims[2] = {cols, rows};        // innermost first
+  const cuuint64_t strides[1] = {row_stride_bytes};  // of every dim but the innermost
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace flashext

@@ -1,0 +1,21 @@
+// flashext TMA descriptors (host side): 2-D tiled tensor maps of row-major 16-bit matrices with the
+// 128-byte swizzle, for the Hopper kernels' cp.async.bulk.tensor loads (sm90.cuh). Built through
+// the driver's cuTensorMapEncodeTiled, reached with cudaGetDriverEntryPointByVersion, so nothing
+// links against libcuda.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace flashext {
+
+// map: rows × cols elements of element_bytes (2) each, row_stride_bytes apart (a multiple of 16),
+// starting at base (16-byte aligned); boxes of box_rows × box_cols (box_cols · element_bytes =
+// 128: one swizzle row); elements past the matrix read as zero. cudaErrorInvalidValue when the
+// driver refuses the layout or has no such entry point.
+cudaError_t make_tma_2d_swizzle128(CUtensorMap* map, const void* base, int element_bytes, uint64_t rows,
+                                   uint64_t cols, uint64_t row_stride_bytes, uint32_t box_rows, uint32_t box_cols);
+
+}  // namespace flashext

@@ -1,0 +1,190 @@
+// flashext Hopper primitives (csrc/kernels/common/sm90.cuh, tma.h) against the CPU: a TMA load of
+// 128-byte-swizzled tiles completing on an mbarrier, then one warpgroup's wgmma
+//   S = Q Kᵀ   (both operands K-major in shared memory: the attention forward's first GEMM)
+//   O = P V    (P from registers in the m16n8k16 A layout, V MN-major as stored: its second)
+// on 64 × 64 × 64 bf16 and fp16 tiles. Skipped unless the GPU is sm_90 and this build holds sm_90a
+// code (a compute_80-only build has none).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "common.h"
+#include "common/sm90.cuh"
+#include "common/tma.h"
+
+namespace {
+
+using flashext_test::DeviceBuffer;
+using flashext_test::to_float;
+
+constexpr int kTile = 64;  // rows, columns and depth of every tile here
+
+__global__ void probe_sm90(int* out) { *out = flashext::sm90::enabled() ? 1 : 0; }
+
+bool sm90_available() {
+  int major = 0, device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (major != 9) return false;
+  DeviceBuffer flag(sizeof(int));
+  probe_sm90<<<1, 1>>>(flag.at<int>());
+  if (cudaDeviceSynchronize() != cudaSuccess) return false;
+  return flashext_test::download<int>(flag.get(), 1)[0] == 1;
+}
+
+// The fp32 accumulator of one warpgroup's 64 × 64 wgmma into row-major c: thread t of warp w holds
+// rows 16 w + t / 4 (+ 8), columns 8 i + 2 (t % 4) + {0, 1} of n8 tile i, as mma.sync's C.
+__device__ void store_accumulator(const float (&d)[32], float* c) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = 16 * warp + lane / 4 + 8 * (j / 2), col = 8 * i + 2 * (lane % 4) + j % 2;
+      c[row * kTile + col] = d[4 * i + j];
+    }
+}
+
+// s = q kᵀ: q and k row-major 64 × 64 (rows × depth), both loaded by TMA.
+template <typename T>
+__global__ void __launch_bounds__(128) qk_kernel(const __grid_constant__ CUtensorMap map_q,
+                                                 const __grid_constant__ CUtensorMap map_k, float* s) {
+  namespace sm90 = flashext::sm90;
+  __shared__ __align__(1024) T q[kTile * kTile];
+  __shared__ __align__(1024) T k[kTile * kTile];
+  __shared__ uint64_t bar;
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(&bar, 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_arrive_expect_tx(&bar, 2 * kTile * kTile * sizeof(T));
+    sm90::tma_load_2d(q, &map_q, &bar, 0, 0);
+    sm90::tma_load_2d(k, &map_k, &bar, 0, 0);
+  }
+  sm90::mbarrier_wait(&bar, 0);
+  float d[32];
+  // K-major, 128-byte swizzle: stride 1024 B between 8-row groups; a k16 step is 32 bytes further
+  // along the row (+2 in the descriptor's address field).
+  const uint64_t desc_q = sm90::smem_descriptor(q, 16, 1024), desc_k = sm90::smem_descriptor(k, 16, 1024);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    sm90::wgmma_m64n64k16_ss<T, 0>(d, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
+  }
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::fence_operands(d);
+  store_accumulator(d, s);
+}
+
+// o = p v: p row-major 64 × 64 (rows × keys) read into registers, v row-major 64 × 64 (keys × dims)
+// loaded by TMA and read MN-major (trans-b).
+template <typename T>
+__global__ void __launch_bounds__(128) pv_kernel(const T* p, const __grid_constant__ CUtensorMap map_v, float* o) {
+  namespace sm90 = flashext::sm90;
+  __shared__ __align__(1024) T v[kTile * kTile];
+  __shared__ uint64_t bar;
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(&bar, 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_arrive_expect_tx(&bar, kTile * kTile * sizeof(T));
+    sm90::tma_load_2d(v, &map_v, &bar, 0, 0);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = 16 * warp + lane / 4, col = 2 * (lane % 4);
+  const auto pair = [&](int r, int c) {  // two 16-bit values of p, the lower column in the low half
+    const uint16_t lo = reinterpret_cast<const uint16_t*>(p)[r * kTile + c];
+    const uint16_t hi = reinterpret_cast<const uint16_t*>(p)[r * kTile + c + 1];
+    return uint32_t(lo) | (uint32_t(hi) << 16);
+  };
+  sm90::mbarrier_wait(&bar, 0);
+  float d[32];
+  // MN-major, 128-byte swizzle: leading offset (between 64-column slabs) unused with one slab,
+  // stride 1024 B between 8-key groups; a k16 step is 16 keys = 2048 bytes (+128).
+  const uint64_t desc_v = sm90::smem_descriptor(v, kTile * 128, 1024);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    const uint32_t a[4] = {pair(row, 16 * kk + col), pair(row + 8, 16 * kk + col), pair(row, 16 * kk + 8 + col),
+                           pair(row + 8, 16 * kk + 8 + col)};
+    sm90::wgmma_m64n64k16_rs<T, 1>(d, a, desc_v + 128 * kk, kk > 0);
+  }
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::fence_operands(d);
+  store_accumulator(d, o);
+}
+
+template <typename T>
+class Sm90Primitives : public ::testing::Test {};
+using Types = ::testing::Types<__half, __nv_bfloat16>;
+TYPED_TEST_SUITE(Sm90Primitives, Types);
+
+template <typename T>
+CUtensorMap tile_map(const DeviceBuffer& buffer) {
+  CUtensorMap map;
+  EXPECT_EQ(flashext::make_tma_2d_swizzle128(&map, buffer.get(), 2, kTile, kTile, kTile * sizeof(T), kTile, kTile),
+            cudaSuccess);
+  return map;
+}
+
+// out = x · yᵀ (y_transposed: y is columns × depth) or x · y, in double.
+template <typename T>
+std::vector<double> matmul(const std::vector<T>& x, const std::vector<T>& y, bool y_transposed) {
+  std::vector<double> out(kTile * kTile, 0.0);
+  for (int i = 0; i < kTile; ++i)
+    for (int j = 0; j < kTile; ++j)
+      for (int e = 0; e < kTile; ++e)
+        out[i * kTile + j] += double(to_float(x[i * kTile + e])) *
+                              to_float(y_transposed ? y[j * kTile + e] : y[e * kTile + j]);
+  return out;
+}
+
+TYPED_TEST(Sm90Primitives, TmaAndWgmmaQKt) {
+  FX_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
+  using T = TypeParam;
+  std::mt19937 rng(90);
+  const auto q = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
+  const auto k = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
+  DeviceBuffer dq(q.size() * sizeof(T)), dk(k.size() * sizeof(T)), ds(kTile * kTile * sizeof(float));
+  flashext_test::upload(dq.get(), q);
+  flashext_test::upload(dk.get(), k);
+  qk_kernel<T><<<1, 128>>>(tile_map<T>(dq), tile_map<T>(dk), ds.at<float>());
+  FX_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto got = flashext_test::download<float>(ds.get(), kTile * kTile);
+  const auto want = matmul(q, k, true);
+  for (int i = 0; i < kTile * kTile; ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-3 * (1.0 + std::abs(want[i]))) << "s[" << i / kTile << "][" << i % kTile << "]";
+  }
+}
+
+TYPED_TEST(Sm90Primitives, WgmmaPVFromRegisters) {
+  FX_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
+  using T = TypeParam;
+  std::mt19937 rng(91);
+  const auto p = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
+  const auto v = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
+  DeviceBuffer dp(p.size() * sizeof(T)), dv(v.size() * sizeof(T)), dout(kTile * kTile * sizeof(float));
+  flashext_test::upload(dp.get(), p);
+  flashext_test::upload(dv.get(), v);
+  pv_kernel<T><<<1, 128>>>(dp.at<T>(), tile_map<T>(dv), dout.at<float>());
+  FX_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto got = flashext_test::download<float>(dout.get(), kTile * kTile);
+  const auto want = matmul(p, v, false);
+  for (int i = 0; i < kTile * kTile; ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-3 * (1.0 + std::abs(want[i]))) << "o[" << i / kTile << "][" << i % kTile << "]";
+  }
+}
+
+}  // namespace
