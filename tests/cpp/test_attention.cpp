@@ -15,6 +15,7 @@
 #include "common.h"
 #include "common/online_softmax.h"
 #include "flashext/attention.h"
+#include "attention/flash_fwd_sm90.h"
 
 namespace {
 
@@ -179,6 +180,7 @@ struct Case {
   float softcap = 0.0f;
   std::vector<int> varlen_q, varlen_k;  // non-empty: packed ragged batch with these lengths
   int block_rows = 0, block_cols = 0;  // > 0: block-sparse, a random mask of (R, C) blocks
+  bool sm90 = false;  // the Hopper kernel (flash_fwd_sm90.h) instead of run_flash_fwd
 };
 
 // out (rows, H, D) and lse (H, rows) for one sequence, in double.
@@ -292,6 +294,8 @@ void run_case(const Case& c) {
   DeviceBuffer dworkspace(sparse ? flashext::flash_block_sparse_workspace_bytes(p) : 0);
   if (sparse) {
     FX_ASSERT_CUDA(flashext::run_flash_block_sparse_fwd(p, dworkspace.get(), nullptr));
+  } else if (c.sm90) {
+    FX_ASSERT_CUDA(flashext::run_flash_fwd_sm90(p, nullptr));
   } else {
     FX_ASSERT_CUDA(flashext::run_flash_fwd(p, nullptr));
   }
@@ -350,6 +354,27 @@ TYPED_TEST(FlashFwdKernel, AgainstCpuReference) {
   varlen.varlen_q = {0, 1, 7, 70};
   varlen.varlen_k = {3, 0, 7, 90};
   run_case<TypeParam>(varlen);
+}
+
+// The Hopper kernel (D = 128, dense): only on an sm_90 GPU with a build holding sm_90a code.
+TYPED_TEST(FlashFwdKernel, Sm90AgainstCpuReference) {
+  FX_SKIP_WITHOUT_GPU();
+  int device = 0, major = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (major != 9 || std::string(flashext::compiled_cuda_archs()).find("sm_90a") == std::string::npos) {
+    GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
+  }
+  const auto hopper = [](Case c) {
+    c.sm90 = true;
+    return c;
+  };
+  run_case<TypeParam>(hopper({1, 128, 128, 2, 2, 128}));                  // one tile
+  run_case<TypeParam>(hopper({2, 300, 257, 4, 2, 128}));                  // tails, GQA, several key blocks
+  run_case<TypeParam>(hopper({1, 257, 513, 4, 1, 128, /*causal=*/true}));  // MQA, causal Sq != Sk
+  run_case<TypeParam>(hopper({1, 200, 600, 2, 2, 128, false, 100, 50}));  // windows
+  run_case<TypeParam>(hopper({1, 130, 140, 2, 2, 128, true, -1, -1, /*softcap=*/5.0f}));
+  run_case<TypeParam>(hopper({3, 1, 300, 8, 8, 128}));                    // one query row
 }
 
 TYPED_TEST(FlashFwdKernel, BlockSparseAgainstCpuReference) {

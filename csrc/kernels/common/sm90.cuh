@@ -95,6 +95,19 @@ FX_DEVICE void tma_load_2d(void* dst, const void* map, uint64_t* bar, int col, i
 #endif
 }
 
+// A 4-D box at coordinates c0 (innermost) … c3, as tma_load_2d.
+FX_DEVICE void tma_load_4d(void* dst, const void* map, uint64_t* bar, int c0, int c1, int c2, int c3) {
+#if FX_SM90_ENABLED
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy (TMA, wgmma)
 // accesses of them.
 FX_DEVICE void fence_proxy_async() {

@@ -40,4 +40,20 @@ cudaError_t make_tma_2d_swizzle128(CUtensorMap* map, const void* base, int eleme
   return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+cudaError_t make_tma_4d_swizzle128(CUtensorMap* map, const void* base, const uint64_t (&dims)[4],
+                                   const uint64_t (&strides_bytes)[3], const uint32_t (&box)[4]) {
+  const EncodeTiled encode = encode_tiled();
+  if (encode == nullptr || box[0] * 2 != 128) return cudaErrorInvalidValue;
+  const cuuint64_t global_dims[4] = {dims[0], dims[1], dims[2], dims[3]};
+  const cuuint64_t global_strides[3] = {strides_bytes[0], strides_bytes[1], strides_bytes[2]};
+  const cuuint32_t box_dims[4] = {box[0], box[1], box[2], box[3]};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  // (16-bit either way: the copy does not look at the values, and zero fills are zero in both)
+  const CUresult result =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), global_dims, global_strides, box_dims,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 }  // namespace flashext

@@ -18,4 +18,10 @@ namespace flashext {
 cudaError_t make_tma_2d_swizzle128(CUtensorMap* map, const void* base, int element_bytes, uint64_t rows,
                                    uint64_t cols, uint64_t row_stride_bytes, uint32_t box_rows, uint32_t box_cols);
 
+// A 4-D tensor of 16-bit elements (dims innermost first: e.g. head_dim, heads, seqlen, batch; the
+// innermost contiguous), strides_bytes of dims 1-3 (multiples of 16), boxes of box[0..3] elements
+// (box[0] · 2 = 128), the 128-byte swizzle; elements past the tensor read as zero.
+cudaError_t make_tma_4d_swizzle128(CUtensorMap* map, const void* base, const uint64_t (&dims)[4],
+                                   const uint64_t (&strides_bytes)[3], const uint32_t (&box)[4]);
+
 }  // namespace flashext

@@ -1,0 +1,300 @@
+// flashext FlashAttention forward on Hopper (sm_90a), version 0: the structure of the plan in
+// docs/notes/attention.md ("Plan for the Hopper forward") without its overlaps, to be proven
+// correct before it is made fast. Not yet dispatched to: tests/cpp/test_attention_sm90.cpp runs it
+// against the CPU reference (flash_fwd_sm90.h).
+//
+// D = 128, dense batch (no varlen), fp16 / bf16. A CTA per (query block of 128 rows, head, batch):
+// warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1 and 2 consume 64 query
+// rows each. Q and two stages of K and V (128 keys each) live in shared memory as 64-column slabs
+// with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
+// S = Q Kᵀ (wgmma SS, two n64 halves), the online softmax in registers, O += P V (wgmma RS: P from
+// registers, V read MN-major as stored), then releases the stage. Full barriers count one arrival
+// plus the tile's bytes, empty ones one arrival per consumer warpgroup.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "../common/device.h"
+#include "../common/online_softmax.h"
+#include "../common/ptx.cuh"
+#include "../common/sm90.cuh"
+#include "../common/tma.h"
+#include "../common/vec.cuh"
+#include "flash_fwd_sm90.h"
+
+namespace flashext {
+namespace attention_detail {
+namespace {
+
+constexpr int kHeadDim = 128, kBlockM = 128, kBlockN = 128, kStages = 2;
+constexpr int kThreads = 3 * 128;
+constexpr int kSlabBytes = 128 * 128;                  // 128 rows × 64 columns × 2 bytes
+constexpr int kTileBytes = 2 * kSlabBytes;            // 128 rows × 128 columns (two slabs)
+constexpr int kSmemBytes = kTileBytes * (1 + 2 * kStages) + 1024 + 64;  // Q, K, V stages; alignment; barriers
+
+struct Sm90Maps {
+  CUtensorMap q, k, v;
+};
+
+// The two 16-bit values of a pair of fp32 accumulators, the first in the low half.
+template <typename T>
+FX_DEVICE uint32_t pack(float lo, float hi) {
+  return ptx::pack2<T>(lo, hi);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_fwd_sm90_kernel(const FlashFwdParams p, const __grid_constant__ Sm90Maps maps) {
+  namespace sm90 = flashext::sm90;
+  extern __shared__ unsigned char smem_raw[];
+  // 1024-byte aligned tiles (the swizzle atom): Q, then K stages, then V stages, then barriers.
+  const uint32_t raw = sm90::smem_addr(smem_raw);
+  unsigned char* base = smem_raw + ((1024 - raw % 1024) % 1024);
+  T* smem_q = reinterpret_cast<T*>(base);
+  T* smem_k = reinterpret_cast<T*>(base + kTileBytes);
+  T* smem_v = reinterpret_cast<T*>(base + kTileBytes * (1 + kStages));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + kTileBytes * (1 + 2 * kStages));
+  uint64_t* q_full = bars;
+  uint64_t* full = bars + 1;            // [kStages]
+  uint64_t* empty = bars + 1 + kStages;  // [kStages]
+
+  const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
+  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = head / (p.heads / p.heads_kv);
+  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, m_start = m_block * kBlockM;
+  const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;
+  const int m_last = m_start + kBlockM - 1;
+  int n_lo = 0, n_hi = seqlen_k;
+  if (p.window_left >= 0) n_lo = max(0, m_start + diag - p.window_left) / kBlockN * kBlockN;
+  if (p.window_right >= 0) n_hi = min(seqlen_k, m_last + diag + p.window_right + 1);
+  const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
+
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      sm90::mbarrier_init(&full[s], 1);
+      sm90::mbarrier_init(&empty[s], 2);  // one arrival per consumer warpgroup
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // producer: one thread issues the copies, the rest give their registers up
+    sm90::setmaxnreg_dec<24>();
+    if (threadIdx.x == 0 && num_n_blocks > 0) {
+      sm90::mbarrier_arrive_expect_tx(q_full, kTileBytes);
+      for (int slab = 0; slab < 2; ++slab) {
+        sm90::tma_load_4d(reinterpret_cast<unsigned char*>(smem_q) + slab * kSlabBytes, &maps.q, q_full, 64 * slab,
+                          head, m_start, batch);
+      }
+      for (int it = 0; it < num_n_blocks; ++it) {
+        const int stage = it % kStages, n_start = n_lo + it * kBlockN;
+        if (it >= kStages) sm90::mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
+        sm90::mbarrier_arrive_expect_tx(&full[stage], 2 * kTileBytes);
+        unsigned char* k_tile = reinterpret_cast<unsigned char*>(smem_k) + stage * kTileBytes;
+        unsigned char* v_tile = reinterpret_cast<unsigned char*>(smem_v) + stage * kTileBytes;
+        for (int slab = 0; slab < 2; ++slab) {
+          sm90::tma_load_4d(k_tile + slab * kSlabBytes, &maps.k, &full[stage], 64 * slab, kv_head, n_start, batch);
+          sm90::tma_load_4d(v_tile + slab * kSlabBytes, &maps.v, &full[stage], 64 * slab, kv_head, n_start, batch);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers: warpgroup c = 0, 1 owns query rows 64 c + [0, 64); this thread rows row0 and row0 + 8.
+  sm90::setmaxnreg_inc<240>();
+  const int c = warpgroup - 1, warp = (threadIdx.x / 32) % 4, quad = lane % 4;
+  const int row0 = 64 * c + 16 * warp + lane / 4;  // within the block
+  const bool softcap_on = p.softcap > 0.0f;
+  const float score_scale = softcap_on ? kLog2e : p.softmax_scale * kLog2e;
+  const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
+
+  float acc_o[2][32];  // O: dims 64 h + [0, 64) in half h, the wgmma m64n64 accumulator layout
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int e = 0; e < 32; ++e) acc_o[h][e] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+  if (num_n_blocks > 0) sm90::mbarrier_wait(q_full, 0);
+  // Q's descriptors: slab s, this warpgroup's 64 rows (64 · 128 bytes in).
+  const uint64_t desc_q0 = sm90::smem_descriptor(reinterpret_cast<unsigned char*>(smem_q) + 64 * 128 * c, 16, 1024);
+  for (int it = 0; it < num_n_blocks; ++it) {
+    const int stage = it % kStages, n_start = n_lo + it * kBlockN;
+    sm90::mbarrier_wait(&full[stage], (it / kStages) & 1);
+    const unsigned char* k_tile = reinterpret_cast<const unsigned char*>(smem_k) + stage * kTileBytes;
+    const unsigned char* v_tile = reinterpret_cast<const unsigned char*>(smem_v) + stage * kTileBytes;
+
+    // S = Q Kᵀ: keys 64 h + [0, 64) in half h; head-dim k16 step kk is slab kk / 4, 32 bytes × (kk % 4) in.
+    float s[2][32];
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint64_t desc_k0 = sm90::smem_descriptor(k_tile + 64 * 128 * h, 16, 1024);
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint64_t step = uint64_t((kk / 4) * (kSlabBytes >> 4) + 2 * (kk % 4));
+        sm90::wgmma_m64n64k16_ss<T, 0>(s[h], desc_q0 + step, desc_k0 + step, kk > 0);
+      }
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(s[0]);
+    sm90::fence_operands(s[1]);
+
+    // Soft-cap, then the mask where the block crosses a boundary. Element (h, i, e): row row0 + 8 ·
+    // (e / 2), key n_start + 64 h + 8 i + 2 quad + e % 2.
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 32; ++e) {
+        if (softcap_on) s[h][e] = p.softcap * tanhf(s[h][e] * cap_scale);
+      }
+    const bool full_block = n_start + kBlockN <= seqlen_k &&
+                            (p.window_right < 0 || n_start + kBlockN - 1 <= m_start + diag + p.window_right) &&
+                            (p.window_left < 0 || n_start >= m_last + diag - p.window_left);
+    if (!full_block) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = m_start + row0 + 8 * r;
+        const int right = p.window_right < 0 ? seqlen_k : min(seqlen_k, row + diag + p.window_right + 1);
+        const int left = p.window_left < 0 ? INT32_MIN : row + diag - p.window_left;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = n_start + 64 * h + 8 * i + 2 * quad + e;
+              if (key >= right || key < left) s[h][4 * i + 2 * r + e] = -INFINITY;
+            }
+      }
+    }
+
+    // Online softmax per row (its 4 owners are one lane quad); P rounded to T and summed as rounded,
+    // so a row's weights add up to 1 whatever the rounding. O is rescaled before P V adds to it.
+    uint32_t p16[2][8][2];  // [half][n8 tile][row r]: the pair of this thread's columns
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) tile_max = fmaxf(tile_max, fmaxf(s[h][4 * i + 2 * r], s[h][4 * i + 2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[r], tile_max);
+      const float alpha = rescale_factor(row_max[r], new_max, score_scale);
+      const float base_max = safe_row_max(new_max) * score_scale;
+      float tile_sum = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t pair = pack<T>(ptx::exp2_approx(fmaf(s[h][4 * i + 2 * r], score_scale, -base_max)),
+                                        ptx::exp2_approx(fmaf(s[h][4 * i + 2 * r + 1], score_scale, -base_max)));
+          p16[h][i][r] = pair;
+          const T* halves = reinterpret_cast<const T*>(&pair);
+          tile_sum += to_float(halves[0]) + to_float(halves[1]);
+        }
+      row_sum[r] = row_sum[r] * alpha + tile_sum;
+      row_max[r] = new_max;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          acc_o[h][4 * i + 2 * r] *= alpha;
+          acc_o[h][4 * i + 2 * r + 1] *= alpha;
+        }
+    }
+
+    // O += P V: key k16 step kk is S half kk / 4, n8 tiles 2 (kk % 4) and + 1 (the A fragment:
+    // rows r, r + 8 × keys 0-7, 8-15); V's slab h holds dims 64 h + [0, 64), MN-major, a k16 step
+    // 16 keys × 128 bytes in.
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const int h = kk / 4, i0 = 2 * (kk % 4);
+      const uint32_t a[4] = {p16[h][i0][0], p16[h][i0][1], p16[h][i0 + 1][0], p16[h][i0 + 1][1]};
+#pragma unroll
+      for (int dh = 0; dh < 2; ++dh) {
+        const uint64_t desc_v = sm90::smem_descriptor(v_tile + dh * kSlabBytes, kSlabBytes, 1024) + uint64_t(128 * kk);
+        sm90::wgmma_m64n64k16_rs<T, 1>(acc_o[dh], a, desc_v, 1);
+      }
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(acc_o[0]);
+    sm90::fence_operands(acc_o[1]);
+    if (threadIdx.x % 128 == 0) sm90::mbarrier_arrive(&empty[stage]);  // this warpgroup is done with it
+  }
+
+  // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse.
+  T* o = static_cast<T*>(p.o) + int64_t(batch) * p.o_batch_stride + int64_t(head) * p.o_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float total = row_sum[r];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    const int row = m_start + row0 + 8 * r;
+    if (row >= seqlen_q) continue;
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+#pragma unroll
+    for (int dh = 0; dh < 2; ++dh)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int col = 64 * dh + 8 * i + 2 * quad;
+        *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
+            pack<T>(acc_o[dh][4 * i + 2 * r] * inv, acc_o[dh][4 * i + 2 * r + 1] * inv);
+      }
+    if (p.lse != nullptr && quad == 0) {
+      p.lse[int64_t(batch) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + row] =
+          row_lse({row_max[r] * score_scale, total});
+    }
+  }
+}
+
+template <typename T>
+cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
+  Sm90Maps maps;
+  const auto map = [](CUtensorMap* out, const void* base, int64_t heads, int64_t rows, int64_t batch,
+                      int64_t row_stride, int64_t head_stride, int64_t batch_stride, uint32_t box_rows) {
+    const uint64_t dims[4] = {uint64_t(kHeadDim), uint64_t(heads), uint64_t(rows), uint64_t(batch)};
+    const uint64_t strides[3] = {uint64_t(head_stride) * 2, uint64_t(row_stride) * 2, uint64_t(batch_stride) * 2};
+    const uint32_t box[4] = {64, 1, box_rows, 1};
+    return make_tma_4d_swizzle128(out, base, dims, strides, box);
+  };
+  FX_RETURN_IF_ERROR(map(&maps.q, p.q, p.heads, p.seqlen_q, p.batch, p.q_row_stride, p.q_head_stride,
+                         p.q_batch_stride, kBlockM));
+  FX_RETURN_IF_ERROR(map(&maps.k, p.k, p.heads_kv, p.seqlen_k, p.batch, p.k_row_stride, p.k_head_stride,
+                         p.k_batch_stride, kBlockN));
+  FX_RETURN_IF_ERROR(map(&maps.v, p.v, p.heads_kv, p.seqlen_k, p.batch, p.v_row_stride, p.v_head_stride,
+                         p.v_batch_stride, kBlockN));
+  auto kernel = flash_fwd_sm90_kernel<T>;
+  FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, kSmemBytes));
+  const dim3 grid(unsigned((p.seqlen_q + kBlockM - 1) / kBlockM), unsigned(p.heads), unsigned(p.batch));
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, maps);
+  return cudaGetLastError();
+}
+
+}  // namespace
+}  // namespace attention_detail
+
+cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
+  using namespace attention_detail;
+  if (p.head_dim != kHeadDim || p.cu_seqlens_q != nullptr || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0 ||
+      p.heads % p.heads_kv != 0 || p.seqlen_q <= 0 || p.seqlen_k <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  switch (p.dtype) {
+    case DType::kFloat16: return launch<__half>(p, stream);
+    case DType::kBFloat16: return launch<__nv_bfloat16>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace flashext
