@@ -106,18 +106,25 @@ __global__ void __launch_bounds__(128) pv_kernel(const T* p, const __grid_consta
     const uint16_t hi = reinterpret_cast<const uint16_t*>(p)[r * kTile + c + 1];
     return uint32_t(lo) | (uint32_t(hi) << 16);
   };
+  // Every A fragment in registers before the fence (no register writes between it and the wgmma).
+  uint32_t a[kTile / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    a[kk][0] = pair(row, 16 * kk + col);
+    a[kk][1] = pair(row + 8, 16 * kk + col);
+    a[kk][2] = pair(row, 16 * kk + 8 + col);
+    a[kk][3] = pair(row + 8, 16 * kk + 8 + col);
+  }
   sm90::mbarrier_wait(&bar, 0);
   float d[32];
   // MN-major, 128-byte swizzle: leading offset (between 64-column slabs) unused with one slab,
   // stride 1024 B between 8-key groups; a k16 step is 16 keys = 2048 bytes (+128).
   const uint64_t desc_v = sm90::smem_descriptor(v, kTile * 128, 1024);
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) sm90::fence_operands(a[kk]);
   sm90::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) {
-    const uint32_t a[4] = {pair(row, 16 * kk + col), pair(row + 8, 16 * kk + col), pair(row, 16 * kk + 8 + col),
-                           pair(row + 8, 16 * kk + 8 + col)};
-    sm90::wgmma_m64n64k16_rs<T, 1>(d, a, desc_v + 128 * kk, kk > 0);
-  }
+  for (int kk = 0; kk < kTile / 16; ++kk) sm90::wgmma_m64n64k16_rs<T, 1>(d, a[kk], desc_v + 128 * kk, kk > 0);
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
   sm90::fence_operands(d);

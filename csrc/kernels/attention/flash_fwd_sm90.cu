@@ -1,7 +1,7 @@
 // flashext FlashAttention forward on Hopper (sm_90a), version 0: the structure of the plan in
 // docs/notes/attention.md ("Plan for the Hopper forward") without its overlaps, to be proven
-// correct before it is made fast. Not yet dispatched to: tests/cpp/test_attention_sm90.cpp runs it
-// against the CPU reference (flash_fwd_sm90.h).
+// correct before it is made fast. Not yet dispatched to: FlashFwdKernel.Sm90AgainstCpuReference in
+// tests/cpp/test_attention.cpp runs it against the CPU reference (flash_fwd_sm90.h).
 //
 // D = 128, dense batch (no varlen), fp16 / bf16. A CTA per (query block of 128 rows, head, batch):
 // warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1 and 2 consume 64 query
@@ -9,7 +9,8 @@
 // with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
 // S = Q Kᵀ (wgmma SS, two n64 halves), the online softmax in registers, O += P V (wgmma RS: P from
 // registers, V read MN-major as stored), then releases the stage. Full barriers count one arrival
-// plus the tile's bytes, empty ones one arrival per consumer warpgroup.
+// plus the tile's bytes, empty ones an arrival from every consumer thread (one per warpgroup, as
+// FA3 does, once this version is proven).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -34,6 +35,12 @@ constexpr int kThreads = 3 * 128;
 constexpr int kSlabBytes = 128 * 128;                  // 128 rows × 64 columns × 2 bytes
 constexpr int kTileBytes = 2 * kSlabBytes;            // 128 rows × 128 columns (two slabs)
 constexpr int kSmemBytes = kTileBytes * (1 + 2 * kStages) + 1024 + 64;  // Q, K, V stages; alignment; barriers
+// Registers: the block starts at 65536 / kThreads = 168 each (__launch_bounds__ pins it); the
+// producer gives up to 24 and the consumers take 240, exactly the whole file.
+constexpr int kEntryRegisters = 168, kProducerRegisters = 24, kConsumerRegisters = 240;
+static_assert(kThreads * kEntryRegisters <= 65536 &&
+                  128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kEntryRegisters,
+              "setmaxnreg must balance within the block's registers");
 
 struct Sm90Maps {
   CUtensorMap q, k, v;
@@ -76,14 +83,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::mbarrier_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&full[s], 1);
-      sm90::mbarrier_init(&empty[s], 2);  // one arrival per consumer warpgroup
+      sm90::mbarrier_init(&empty[s], 256);  // every consumer thread (v0: certain over fast)
     }
     sm90::fence_barrier_init();
   }
   __syncthreads();
 
   if (warpgroup == 0) {  // producer: one thread issues the copies, the rest give their registers up
-    sm90::setmaxnreg_dec<24>();
+    sm90::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0 && num_n_blocks > 0) {
       sm90::mbarrier_arrive_expect_tx(q_full, kTileBytes);
       for (int slab = 0; slab < 2; ++slab) {
@@ -106,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Consumers: warpgroup c = 0, 1 owns query rows 64 c + [0, 64); this thread rows row0 and row0 + 8.
-  sm90::setmaxnreg_inc<240>();
+  sm90::setmaxnreg_inc<kConsumerRegisters>();
   const int c = warpgroup - 1, warp = (threadIdx.x / 32) % 4, quad = lane % 4;
   const int row0 = 64 * c + 16 * warp + lane / 4;  // within the block
   const bool softcap_on = p.softcap > 0.0f;
@@ -214,7 +221,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // O += P V: key k16 step kk is S half kk / 4, n8 tiles 2 (kk % 4) and + 1 (the A fragment:
     // rows r, r + 8 × keys 0-7, 8-15); V's slab h holds dims 64 h + [0, 64), MN-major, a k16 step
-    // 16 keys × 128 bytes in.
+    // 16 keys × 128 bytes in. (The rescaled O and the packed P are pinned before the fence.)
+    sm90::fence_operands(acc_o[0]);
+    sm90::fence_operands(acc_o[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sm90::fence_operands(p16[h][i]);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -230,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::wgmma_wait<0>();
     sm90::fence_operands(acc_o[0]);
     sm90::fence_operands(acc_o[1]);
-    if (threadIdx.x % 128 == 0) sm90::mbarrier_arrive(&empty[stage]);  // this warpgroup is done with it
+    sm90::mbarrier_arrive(&empty[stage]);  // this thread's warp is done with the stage's K and V
   }
 
   // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse.

@@ -1,5 +1,6 @@
 // flashext Hopper FlashAttention forward, version 0 (flash_fwd_sm90.cu): not yet dispatched to by
-// run_flash_fwd; tests/cpp/test_attention_sm90.cpp checks it against the CPU reference first.
+// run_flash_fwd; FlashFwdKernel.Sm90AgainstCpuReference (tests/cpp/test_attention.cpp) checks it
+// against the CPU reference first.
 // D = 128, dense batch, fp16 / bf16, seqlen_k > 0; every other FlashFwdParams option as run_flash_fwd.
 #pragma once
 

@@ -175,11 +175,17 @@ FX_DEVICE void wgmma_wait() {
 #endif
 }
 
-// Keeps the compiler from moving accesses of an accumulator across wgmma issue and wait.
+// Keeps the compiler from moving accesses of wgmma operands (accumulators, RS A fragments) across
+// wgmma_fence, issue and wait.
 template <int kN>
 FX_DEVICE void fence_operands(float (&d)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int kN>
+FX_DEVICE void fence_operands(uint32_t (&a)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
 // d (64 × 64 fp32 per warpgroup: 32 per thread, the mma.sync m16n8 C layout per warp's 16 rows,
