@@ -155,12 +155,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Soft-cap, then the mask where the block crosses a boundary. Element (h, i, e): row row0 + 8 ·
     // (e / 2), key n_start + 64 h + 8 i + 2 quad + e % 2.
+    if (softcap_on) {  // (a uniform branch around the loop, not one per score)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int e = 0; e < 32; ++e) {
-        if (softcap_on) s[h][e] = p.softcap * tanhf(s[h][e] * cap_scale);
-      }
+        for (int e = 0; e < 32; ++e) s[h][e] = p.softcap * tanhf(s[h][e] * cap_scale);
+    }
     const bool full_block = n_start + kBlockN <= seqlen_k &&
                             (p.window_right < 0 || n_start + kBlockN - 1 <= m_start + diag + p.window_right) &&
                             (p.window_left < 0 || n_start >= m_last + diag - p.window_left);
