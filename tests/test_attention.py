@@ -494,3 +494,19 @@ def test_output_layouts():
     # flashext.scaled_dot_product_attention returns (B, H, S, D) contiguous, as torch's does
     query = torch.empty(2, 4, 96, 64, dtype=torch.bfloat16, device="meta")
     assert flashext.scaled_dot_product_attention(query, query, query).is_contiguous()
+
+
+@requires_cuda
+def test_like_inputs_changes_only_the_layout():
+    """like_inputs writes the same values into the inputs' layouts, forward and backward."""
+    q, k, v = (randn(2, 6, 200, 64, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    ops = torch.ops.flashext
+    out, lse = ops.flash_attn_fwd(q, k, v, True)
+    out_like, lse_like = ops.flash_attn_fwd(q, k, v, True, like_inputs=True)
+    assert out_like.stride() == torch.empty_like(q).stride()
+    assert torch.equal(out_like, out) and torch.equal(lse_like, lse)
+    dout = randn(2, 200, 6, 64, dtype=torch.bfloat16)
+    plain = ops.flash_attn_bwd(dout, q, k, v, out, lse, None, True, deterministic=True)
+    like = ops.flash_attn_bwd(dout, q, k, v, out, lse, None, True, deterministic=True, like_inputs=True)
+    for a, b, t in zip(plain, like, (q, k, v)):
+        assert b.stride() == torch.empty_like(t).stride() and torch.equal(a, b)

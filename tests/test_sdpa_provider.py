@@ -230,3 +230,29 @@ def test_compiled_sdpa_uses_flashext():
         names = kernel_names(lambda: compiled(q, k, v))
         assert torch.equal(compiled(q, k, v), eager)
     assert OURS in names
+
+
+@requires_cuda
+@requires_registry
+def test_direct_aten_calls_with_windows():
+    """aten::_flash_attention_forward called directly with windows (as varlen and nested callers do),
+    bottom-right aligned as FlashAttention-2 has them: flashext against PyTorch's kernel."""
+    q = randn(2, 300, 4, 64, dtype=torch.bfloat16)
+    k, v = (randn(2, 200, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+
+    def run():
+        return torch.ops.aten._flash_attention_forward(q, k, v, None, None, 300, 200, 0.0, False, False,
+                                                       window_size_left=40, window_size_right=10)[:2]
+
+    _, native_lse = run()
+    with active():
+        names = kernel_names(run)
+        out, lse = run()
+    assert OURS in names, names[:400]
+    want = ref.attention(q, k, v, window_size=(40, 10))
+    base = ref.attention(q, k, v, window_size=(40, 10), compute_dtype=q.dtype)
+    assert_close("aten flash forward, windows", out, want, base)
+    finite = torch.isfinite(native_lse)  # (rows 0-89 see no key: lse −inf here, +inf in FlashAttention-2)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite], native_lse[finite], rtol=1e-2, atol=1e-2)
+
