@@ -3,11 +3,12 @@
     python benchmarks/bench_decode.py [--quick] [--only decode,paged]
 
 decode  one query token, GQA 32 query / 8 KV heads, D = 128, fp16 and bf16, batch × KV length
-        1 × 32K, 32 × 4K, 64 × 8K, 128 × 2K, 8 × 128K: GB/s of K + V read (B · S · Hkv · D · 2
-        tensors · 2 bytes) for flashext.flash_attention_with_kvcache (dense cache, num_splits
-        chosen by the op), SDPA's cuDNN and flash backends and the naive math path (each on
-        (B, H, 1, D) queries and (B, Hkv, S, D) caches with enable_gqa), and a read-only anchor:
-        one pass that reads the same K and V bytes (a sum), the ceiling for this traffic.
+        1 × 32K, 32 × 4K, 48 × 8K, 64 × 8K, 128 × 2K, 8 × 128K: GB/s of K + V read (B · S · Hkv · D ·
+        2 tensors · 2 bytes) for flashext.flash_attention_with_kvcache (dense cache, num_splits
+        chosen by the op; flashext_split1: one split, to judge that choice), SDPA's cuDNN and flash
+        backends and the naive math path (each on (B, H, 1, D) queries and (B, Hkv, S, D) caches
+        with enable_gqa), and a read-only anchor: one pass that reads the same K and V bytes (a
+        sum), the ceiling for this traffic.
 paged   flashext on the same caches as shuffled pages of 1, 16, 64 and 256 tokens against its
         dense cache, same shapes.
 Every implementation is first checked against flashext.reference.attention_with_kvcache on the
@@ -32,7 +33,7 @@ from flashext.testing import judge  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 HEADS, HEADS_KV, HEAD_DIM = 32, 8, 128
-SHAPES = [(1, 32768), (32, 4096), (64, 8192), (128, 2048), (8, 131072)]
+SHAPES = [(1, 32768), (32, 4096), (48, 8192), (64, 8192), (128, 2048), (8, 131072)]
 
 
 def sdpa_backend(backend):
@@ -90,6 +91,9 @@ def section(rows, quick: bool, paged: bool):
                         lambda pk=pk, pv=pv, table=table: flashext.flash_attention_with_kvcache(
                             q, pk, pv, lens, block_table=table))
             else:
+                # the split heuristic against no split (num_splits=1) on the same call
+                fns["flashext_split1"] = lambda: flashext.flash_attention_with_kvcache(q, k_cache, v_cache, lens,
+                                                                                       num_splits=1)
                 qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
                 for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
                                       ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
