@@ -194,3 +194,20 @@ def test_apply_flashext_fuses_bias_gelu_and_keeps_the_outputs(family, monkeypatc
         got = patched(ids)[0]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert fused["calls"] == 2
+
+
+def test_unpad_indices_found_once_per_mask():
+    """Every layer passes the same mask: its indices come from one nonzero() (a host sync), not one
+    per layer; a changed mask is read again."""
+    from flashext.integrations import transformers as integration
+
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    first = integration._unpad_indices(mask, 4)
+    assert all(a is b for a, b in zip(first, integration._unpad_indices(mask, 4)))
+    assert torch.equal(first[0], torch.tensor([0, 1, 4, 5, 6, 7]))
+    assert torch.equal(first[2], torch.tensor([0, 2, 6], dtype=torch.int32))
+    mask[0, 2] = 1  # in place: the cached indices no longer hold
+    again = integration._unpad_indices(mask, 4)
+    assert torch.equal(again[0], torch.tensor([0, 1, 2, 4, 5, 6, 7]))
+    decode = integration._unpad_indices(mask, 1)  # one query per row, the last position: padding in row 0
+    assert torch.equal(decode[1], torch.tensor([1])) and torch.equal(decode[2], torch.tensor([0, 0, 1], dtype=torch.int32))

@@ -276,11 +276,6 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_block_sparse_fwd(const at::Tensor&
                                     q_in.options().dtype(at::kFloat));
   if (is_meta(q_in) || out.numel() == 0) return {out, lse};
   const c10::cuda::CUDAGuard guard(q_in.device());
-  if (k_in.size(1) == 0) {  // no keys (and an empty mask): every query sees none
-    out.zero_();
-    lse.fill_(-INFINITY);
-    return {out, lse};
-  }
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
   const at::Tensor mask = mask_in.stride(3) == 1 ? mask_in : mask_in.contiguous();
   flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left, window_right,

@@ -117,10 +117,10 @@ def _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, i
         out, lse = torch.ops.flashext.flash_attn_varlen_fwd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
                                                             is_causal, scale, left, right, 0.0, False, deterministic,
                                                             True)
-    # No dropout: the RNG state the backward would replay is unused (zeros, as PyTorch's FA3/FA4
-    # providers return); an empty debug mask.
-    rng_state = torch.zeros((2,), dtype=torch.uint64, device=query.device)
-    unused = torch.zeros((), dtype=torch.uint64, device=query.device)
+    # No dropout: the RNG state the backward would replay is never read (left uninitialised: no
+    # fill kernels per call); an empty debug mask.
+    rng_state = torch.empty((2,), dtype=torch.uint64, device=query.device)
+    unused = torch.empty((), dtype=torch.uint64, device=query.device)
     return out, lse, rng_state, unused, torch.empty(0, dtype=query.dtype, device=query.device)
 
 

@@ -41,26 +41,45 @@ def _window(sliding_window: int | None) -> tuple[int, int]:
     return (-1, -1) if sliding_window is None else (int(sliding_window) - 1, -1)
 
 
+# The last padding mask's indices and offsets: every layer of a forward passes the same mask, and
+# nonzero() is a host sync, so they are found once per forward rather than once per layer.
+_UNPAD_CACHE: list = []
+
+
+def _unpad_indices(mask: Tensor, seqlen_q: int):
+    """(keys, queries, cu_seqlens_q, cu_seqlens_k) of a (B, Sk) padding mask: the flat indices of
+    the real tokens (the queries: the last seqlen_q positions of each row) and their offsets."""
+    eager = not torch.compiler.is_compiling()
+    if eager and _UNPAD_CACHE:
+        cached, version, cached_seqlen_q, result = _UNPAD_CACHE[0]
+        if cached is mask and version == mask._version and cached_seqlen_q == seqlen_q:
+            return result
+    real = mask.bool()
+    lengths_k = real.sum(dim=-1, dtype=torch.int32)
+    keys = real.reshape(-1).nonzero().view(-1)
+    if seqlen_q == real.shape[1]:  # prefill: the queries are the same tokens
+        queries, lengths_q = keys, lengths_k
+    else:  # with a cache: the last seqlen_q positions of each row are the queries
+        query_mask = real[:, -seqlen_q:]
+        lengths_q = query_mask.sum(dim=-1, dtype=torch.int32)
+        queries = query_mask.reshape(-1).nonzero().view(-1)
+    result = (keys, queries, _cu_seqlens(lengths_q), _cu_seqlens(lengths_k))
+    if eager:
+        _UNPAD_CACHE[:] = [(mask, mask._version, seqlen_q, result)]
+    return result
+
+
 def _unpadded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor):
     """(B, S, H, D) q, k, v and a (B, Sk) padding mask (True or 1 = a real token) → the real tokens
     packed, their offsets and maxima, and the query rows' indices to scatter the output back."""
     batch, seqlen_q = q.shape[:2]
-    mask = mask.bool()
-    lengths_k = mask.sum(dim=-1, dtype=torch.int32)
-    keys = mask.reshape(-1).nonzero().view(-1)
-    if seqlen_q == mask.shape[1]:  # prefill: the queries are the same tokens
-        query_mask, lengths_q = mask, lengths_k
-    else:  # with a cache: the last seqlen_q positions of each row are the queries
-        query_mask = mask[:, -seqlen_q:]
-        lengths_q = query_mask.sum(dim=-1, dtype=torch.int32)
-    queries = query_mask.reshape(-1).nonzero().view(-1)
+    keys, queries, cu_q, cu_k = _unpad_indices(mask, seqlen_q)
     packed_q = q.reshape(batch * seqlen_q, *q.shape[2:])[queries]
     packed_k = k.reshape(-1, *k.shape[2:])[keys]
     packed_v = v.reshape(-1, *v.shape[2:])[keys]
     # the padded lengths bound the real ones: no host read of the maxima (blocks past a sequence's
     # end exit at once)
-    return (packed_q, packed_k, packed_v, _cu_seqlens(lengths_q), _cu_seqlens(lengths_k), seqlen_q, mask.shape[1],
-            queries)
+    return packed_q, packed_k, packed_v, cu_q, cu_k, seqlen_q, mask.shape[1], queries
 
 
 def _packed_offsets(position_ids: Tensor | None, kwargs: dict):

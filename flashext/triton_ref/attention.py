@@ -156,6 +156,18 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, heads: int, heads_kv: int) -> None:
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        raise ValueError("flash_attention twin: the last dim of q, k and v must be contiguous")
+    if heads % heads_kv != 0:
+        raise ValueError(f"flash_attention twin: H = {heads} is not a multiple of Hkv = {heads_kv}")
+
+
+def _dot_in_fp32(q: Tensor) -> bool:
+    # bf16 values are exact in fp32 and their products too: same math, accumulation order aside
+    return os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16
+
+
 def _scale(head_dim: int, softmax_scale: float | None) -> float:
     return head_dim**-0.5 if softmax_scale is None else softmax_scale
 
@@ -225,10 +237,7 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, 
 
 def _launch(q, k, v, out, lse, cu_q, cu_k, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim,
             sq, sk, sv, so, sl, causal, softmax_scale, window_size, softcap, block_m, block_n, extra=None):
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        raise ValueError("flash_attention twin: the last dim of q, k and v must be contiguous")
-    if heads % heads_kv != 0:
-        raise ValueError(f"flash_attention twin: H = {heads} is not a multiple of Hkv = {heads_kv}")
+    _check_qkv(q, k, v, heads, heads_kv)
     if batch == 0 or seqlen_q == 0 or heads == 0:
         return
     scale = _scale(head_dim, softmax_scale)
@@ -240,9 +249,7 @@ def _launch(q, k, v, out, lse, cu_q, cu_k, batch, seqlen_q, seqlen_k, heads, hea
         *sq, *sk, *sv, *so, *sl,
         seqlen_q, seqlen_k, head_dim, scale, scale * math.log2(math.e), softcap, left, right,
         H=heads, GROUP=heads // heads_kv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim),
-        VARLEN=varlen, HAS_SOFTCAP=softcap > 0,
-        # bf16 values are exact in fp32 and their products too: same math, accumulation order aside
-        DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16,
+        VARLEN=varlen, HAS_SOFTCAP=softcap > 0, DOT_IN_FP32=_dot_in_fp32(q),
         **(extra or {}),  # block-sparse: the mask and its layout
     )
 
@@ -414,10 +421,7 @@ def flash_attention_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tenso
 def _launch_bwd(dout, q, k, v, dk, dv, dq_accum, lse2, dsum, cu_q, cu_k, batch, seqlen_q, seqlen_k,
                 sq, sk, sv, sdo, sdk, sdv, sl, causal, softmax_scale, window_size, softcap, block_m, block_n):
     heads, head_dim, heads_kv = q.shape[-2], q.shape[-1], k.shape[-2]
-    if any(t.stride(-1) != 1 for t in (q, k, v)):
-        raise ValueError("flash_attention twin: the last dim of q, k and v must be contiguous")
-    if heads % heads_kv != 0:
-        raise ValueError(f"flash_attention twin: H = {heads} is not a multiple of Hkv = {heads_kv}")
+    _check_qkv(q, k, v, heads, heads_kv)
     if batch == 0 or seqlen_k == 0:
         dk.zero_()
         dv.zero_()
@@ -431,8 +435,7 @@ def _launch_bwd(dout, q, k, v, dk, dv, dq_accum, lse2, dsum, cu_q, cu_k, batch, 
         *sq, *sk, *sv, *sdo, *sdk, *sdv, *sl,
         seqlen_q, seqlen_k, head_dim, scale, scale * math.log2(math.e), softcap, left, right,
         H=heads, GROUP=heads // heads_kv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim),
-        VARLEN=varlen, HAS_SOFTCAP=softcap > 0,
-        DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16,
+        VARLEN=varlen, HAS_SOFTCAP=softcap > 0, DOT_IN_FP32=_dot_in_fp32(q),
     )
 
 
@@ -600,7 +603,7 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_se
         seqlen_q, seqlen_new, head_dim, page_size, split_keys, scale, scale * math.log2(math.e), softcap, left, right,
         batch,
         H=heads, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim), PAGED=paged,
-        HAS_SOFTCAP=softcap > 0, DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype == torch.bfloat16,
+        HAS_SOFTCAP=softcap > 0, DOT_IN_FP32=_dot_in_fp32(q),
     )
     # merge the splits by their lse (merge_attention_states, N-way)
     lse = torch.logsumexp(lse_part, dim=0)

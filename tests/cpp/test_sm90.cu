@@ -156,42 +156,41 @@ std::vector<double> matmul(const std::vector<T>& x, const std::vector<T>& y, boo
   return out;
 }
 
+// Random 64 × 64 x and y uploaded, launch(x, y, out) run, out checked against x · yᵀ (y_transposed)
+// or x · y.
+template <typename T, typename Launch>
+void check_tile_product(uint32_t seed, bool y_transposed, const char* name, Launch launch) {
+  std::mt19937 rng(seed);
+  const auto x = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
+  const auto y = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
+  DeviceBuffer dx(x.size() * sizeof(T)), dy(y.size() * sizeof(T)), dout(kTile * kTile * sizeof(float));
+  flashext_test::upload(dx.get(), x);
+  flashext_test::upload(dy.get(), y);
+  launch(dx, dy, dout);
+  FX_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto got = flashext_test::download<float>(dout.get(), kTile * kTile);
+  const auto want = matmul(x, y, y_transposed);
+  for (int i = 0; i < kTile * kTile; ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-3 * (1.0 + std::abs(want[i]))) << name << "[" << i / kTile << "][" << i % kTile << "]";
+  }
+}
+
 TYPED_TEST(Sm90Primitives, TmaAndWgmmaQKt) {
   FX_SKIP_WITHOUT_GPU();
   if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
   using T = TypeParam;
-  std::mt19937 rng(90);
-  const auto q = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
-  const auto k = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
-  DeviceBuffer dq(q.size() * sizeof(T)), dk(k.size() * sizeof(T)), ds(kTile * kTile * sizeof(float));
-  flashext_test::upload(dq.get(), q);
-  flashext_test::upload(dk.get(), k);
-  qk_kernel<T><<<1, 128>>>(tile_map<T>(dq), tile_map<T>(dk), ds.at<float>());
-  FX_ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto got = flashext_test::download<float>(ds.get(), kTile * kTile);
-  const auto want = matmul(q, k, true);
-  for (int i = 0; i < kTile * kTile; ++i) {
-    ASSERT_NEAR(got[i], want[i], 1e-3 * (1.0 + std::abs(want[i]))) << "s[" << i / kTile << "][" << i % kTile << "]";
-  }
+  check_tile_product<T>(90, true, "s", [](const DeviceBuffer& q, const DeviceBuffer& k, const DeviceBuffer& s) {
+    qk_kernel<T><<<1, 128>>>(tile_map<T>(q), tile_map<T>(k), s.at<float>());
+  });
 }
 
 TYPED_TEST(Sm90Primitives, WgmmaPVFromRegisters) {
   FX_SKIP_WITHOUT_GPU();
   if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
   using T = TypeParam;
-  std::mt19937 rng(91);
-  const auto p = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
-  const auto v = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
-  DeviceBuffer dp(p.size() * sizeof(T)), dv(v.size() * sizeof(T)), dout(kTile * kTile * sizeof(float));
-  flashext_test::upload(dp.get(), p);
-  flashext_test::upload(dv.get(), v);
-  pv_kernel<T><<<1, 128>>>(dp.at<T>(), tile_map<T>(dv), dout.at<float>());
-  FX_ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto got = flashext_test::download<float>(dout.get(), kTile * kTile);
-  const auto want = matmul(p, v, false);
-  for (int i = 0; i < kTile * kTile; ++i) {
-    ASSERT_NEAR(got[i], want[i], 1e-3 * (1.0 + std::abs(want[i]))) << "o[" << i / kTile << "][" << i % kTile << "]";
-  }
+  check_tile_product<T>(91, false, "o", [](const DeviceBuffer& p, const DeviceBuffer& v, const DeviceBuffer& o) {
+    pv_kernel<T><<<1, 128>>>(p.at<T>(), tile_map<T>(v), o.at<float>());
+  });
 }
 
 }  // namespace

@@ -49,7 +49,8 @@ struct FlashFwdParams {
   DType dtype = DType::kBFloat16;  // kFloat16 or kBFloat16
   // Block-sparse (run_flash_block_sparse_fwd only; dense batch): query i sees key j only where
   // block_mask[b][h][i / block_rows][j / block_cols] is nonzero, on top of causal and windows.
-  // One byte per block, the last dim contiguous; a batch or head stride of 0 broadcasts.
+  // One byte per block, the last dim contiguous; a batch or head stride of 0 broadcasts (null
+  // allowed when seqlen_k = 0).
   const uint8_t* block_mask = nullptr;
   int64_t mask_batch_stride = 0, mask_head_stride = 0, mask_row_stride = 0;
   int block_rows = 1, block_cols = 1;

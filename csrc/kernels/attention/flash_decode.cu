@@ -27,6 +27,7 @@
 #include "../common/online_softmax.h"
 #include "../common/ptx.cuh"
 #include "../common/vec.cuh"
+#include "dispatch.h"
 #include "flashext/attention.h"
 #include "tiles.cuh"
 
@@ -371,16 +372,6 @@ cudaError_t launch_decode(const FlashDecodeParams& p, void* workspace, cudaStrea
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t dispatch_decode(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
-  switch (flash_fwd_kernel_head_dim(p.head_dim)) {
-    case 64: return launch_decode<T, 64>(p, workspace, stream);
-    case 128: return launch_decode<T, 128>(p, workspace, stream);
-    case 256: return launch_decode<T, 256>(p, workspace, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
 bool decode_params_ok(const FlashDecodeParams& p) {
   return p.batch >= 0 && p.heads > 0 && p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q >= 0 &&
          p.seqlen_new >= 0 && p.capacity >= 0 && flash_fwd_kernel_head_dim(p.head_dim) != 0 &&
@@ -427,11 +418,11 @@ cudaError_t run_flash_decode(const FlashDecodeParams& p, void* workspace, cudaSt
   using namespace attention_detail;
   if (!decode_params_ok(p) || (p.num_splits > 1 && workspace == nullptr)) return cudaErrorInvalidValue;
   if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;
-  switch (p.dtype) {
-    case DType::kFloat16: return dispatch_decode<__half>(p, workspace, stream);
-    case DType::kBFloat16: return dispatch_decode<__nv_bfloat16>(p, workspace, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_16bit_type(p.dtype, cudaErrorInvalidValue, [&](auto type) {
+    return with_kernel_head_dim(p.head_dim, cudaErrorInvalidValue, [&](auto dim) {
+      return launch_decode<typename decltype(type)::type, decltype(dim)::value>(p, workspace, stream);
+    });
+  });
 }
 
 cudaError_t run_kvcache_append(const FlashDecodeParams& p, const KvAppendParams& a, cudaStream_t stream) {
@@ -439,16 +430,10 @@ cudaError_t run_kvcache_append(const FlashDecodeParams& p, const KvAppendParams&
   if (!decode_params_ok(p) || a.k == nullptr || a.v == nullptr) return cudaErrorInvalidValue;
   const int64_t threads = int64_t(p.batch) * p.seqlen_new * p.heads_kv * (p.head_dim / 8);
   if (threads == 0) return cudaSuccess;
-  switch (p.dtype) {
-    case DType::kFloat16:
-      kvcache_append_kernel<__half><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, a);
-      break;
-    case DType::kBFloat16:
-      kvcache_append_kernel<__nv_bfloat16><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, a);
-      break;
-    default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return with_16bit_type(p.dtype, cudaErrorInvalidValue, [&](auto type) {
+    kvcache_append_kernel<typename decltype(type)::type><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, a);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace flashext

@@ -631,19 +631,25 @@ __global__ void __launch_bounds__(32) block_sparse_plan(const FlashFwdParams p) 
   if (lane == 0) list[0] = count;
 }
 
-// Ints of the plan's lists at this head dim's tiles.
+// Ints per query block's list (a count, then at most every key block) at this head dim's tiles,
+// and of all the lists.
 template <int kHeadDim>
-int64_t sparse_plan_ints(const FlashFwdParams& p, int& stride) {
+int sparse_plan_stride(const FlashFwdParams& p) {
+  return 1 + (p.seqlen_k + FlashFwdConfig<kHeadDim>::kBlockN - 1) / FlashFwdConfig<kHeadDim>::kBlockN;
+}
+
+template <int kHeadDim>
+int64_t sparse_plan_ints(const FlashFwdParams& p) {
   using Config = FlashFwdConfig<kHeadDim>;
-  stride = 1 + (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
-  return int64_t(p.batch) * p.heads * ((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM) * stride;
+  return int64_t(p.batch) * p.heads * ((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM) *
+         sparse_plan_stride<kHeadDim>(p);
 }
 
 template <typename T, int kHeadDim>
 cudaError_t launch_flash_fwd_sparse(const FlashFwdParams& params, void* workspace, cudaStream_t stream) {
   using Config = FlashFwdConfig<kHeadDim>;
   FlashFwdParams p = params;
-  sparse_plan_ints<kHeadDim>(p, p.sparse_stride);
+  p.sparse_stride = sparse_plan_stride<kHeadDim>(p);
   p.sparse_blocks = static_cast<const int*>(workspace);
   const dim3 grid((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, p.heads, p.batch);
   block_sparse_plan<Config::kBlockM, Config::kBlockN><<<grid, 32, 0, stream>>>(p);

@@ -24,6 +24,7 @@
 #include "../common/sm90.cuh"
 #include "../common/tma.h"
 #include "../common/vec.cuh"
+#include "dispatch.h"
 #include "flash_fwd_sm90.h"
 
 namespace flashext {
@@ -303,11 +304,8 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
       p.heads % p.heads_kv != 0 || p.seqlen_q <= 0 || p.seqlen_k <= 0) {
     return cudaErrorInvalidValue;
   }
-  switch (p.dtype) {
-    case DType::kFloat16: return launch<__half>(p, stream);
-    case DType::kBFloat16: return launch<__nv_bfloat16>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_16bit_type(p.dtype, cudaErrorInvalidValue,
+                         [&](auto type) { return launch<typename decltype(type)::type>(p, stream); });
 }
 
 }  // namespace flashext

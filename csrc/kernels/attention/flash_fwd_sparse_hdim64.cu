@@ -5,7 +5,7 @@
 namespace flashext {
 namespace attention_detail {
 
-template int64_t sparse_plan_ints<64>(const FlashFwdParams&, int&);
+template int64_t sparse_plan_ints<64>(const FlashFwdParams&);
 template cudaError_t launch_flash_fwd_sparse<__half, 64>(const FlashFwdParams&, void*, cudaStream_t);
 template cudaError_t launch_flash_fwd_sparse<__nv_bfloat16, 64>(const FlashFwdParams&, void*, cudaStream_t);
 
