@@ -195,8 +195,13 @@ def section_train(rows, quick: bool):
                         except Exception as exc:  # an anchor that does not run here: say so, keep going
                             row[name] = {"error_message": f"{type(exc).__name__}: {str(exc)[:200]}"}
                     if with_twin:
-                        out_t, lse_t = twin.flash_attention(q, k, v, causal=causal)
-                        g = twin.flash_attention_backward(dout, q, k, v, out_t, lse_t, causal=causal)
+                        try:
+                            out_t, lse_t = twin.flash_attention(q, k, v, causal=causal)
+                            g = twin.flash_attention_backward(dout, q, k, v, out_t, lse_t, causal=causal)
+                        except Exception as exc:
+                            row["triton_twin"] = {"error_message": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                            g = None
+                    if with_twin and g is not None:
                         row["triton_twin"] = {"valid": all(judge("twin", one(x), w, b, factor=GRADIENT_FACTOR).ok
                                                            for x, w, b in zip(g, want, base))}
 
@@ -425,19 +430,16 @@ def main():
     payload = {"meta": run_metadata(), "rows": []}
     print(f"{payload['meta']['gpu']}, torch {payload['meta']['torch']}", flush=True)
     sections = set(args.only.split(","))
-    if "fwd" in sections:
-        section_fwd(payload["rows"], args.quick)
-    if "train" in sections:
-        section_train(payload["rows"], args.quick)
-    if "memory" in sections:
-        section_memory(payload["rows"], args.quick)
-    if "softmax" in sections:
-        section_softmax(payload["rows"], args.quick)
-    if "sparse" in sections:
-        section_sparse(payload["rows"], args.quick)
     # attention.json when the forward grid ran, else one file per section set (attention_train.json)
     name = "attention" if "fwd" in sections else "attention_" + "_".join(sorted(sections))
-    path = write_json(f"{name}.json", payload)
+    runs = {"fwd": section_fwd, "train": section_train, "memory": section_memory, "softmax": section_softmax,
+            "sparse": section_sparse}
+    if sections - runs.keys():
+        raise SystemExit(f"bench_attention: unknown sections {sorted(sections - runs.keys())}; choose from {list(runs)}")
+    for section, run in runs.items():
+        if section in sections:
+            run(payload["rows"], args.quick)
+            path = write_json(f"{name}.json", payload)  # after each section: a later fault loses only its own
     if any(r["section"] in ("fwd", "train") for r in payload["rows"]):
         plot(payload, output_dir() / f"{name}.png")
     print(f"wrote {path}")

@@ -429,13 +429,17 @@ def _launch_bwd(dout, q, k, v, dk, dv, dq_accum, lse2, dsum, cu_q, cu_k, batch, 
     scale = _scale(head_dim, softmax_scale)
     left, right = _window(window_size, causal)
     varlen = cu_q is not None
+    block_d = _block_d(head_dim)
+    stages = {}
+    if block_d > 128:  # K, V, Q and dO tiles of 256 columns: halved and not pipelined, to fit 227 KB
+        block_m, block_n, stages = min(block_m, 32), min(block_n, 32), {"num_stages": 1}
     grid = (triton.cdiv(seqlen_k, block_n), batch * heads_kv)
     flash_attention_bwd_kernel[grid](
         q, k, v, dout, dk, dv, dq_accum, lse2, dsum, cu_q if varlen else q, cu_k if varlen else q,
         *sq, *sk, *sv, *sdo, *sdk, *sdv, *sl,
         seqlen_q, seqlen_k, head_dim, scale, scale * math.log2(math.e), softcap, left, right,
-        H=heads, GROUP=heads // heads_kv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim),
-        VARLEN=varlen, HAS_SOFTCAP=softcap > 0, DOT_IN_FP32=_dot_in_fp32(q),
+        H=heads, GROUP=heads // heads_kv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        VARLEN=varlen, HAS_SOFTCAP=softcap > 0, DOT_IN_FP32=_dot_in_fp32(q), **stages,
     )
 
 
