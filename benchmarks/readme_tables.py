@@ -6,6 +6,7 @@ family (the README).
     python benchmarks/readme_tables.py --summary benchmarks/results/attention.json
     python benchmarks/readme_tables.py --summary benchmarks/results/attention_train.json
     python benchmarks/readme_tables.py --summary benchmarks/results/decode.json
+    python benchmarks/readme_tables.py benchmarks/results/attention_sparse.json
 """
 
 import json
@@ -129,6 +130,17 @@ def decode_tables(payload) -> None:
                 *(f"{r[f'flashext_page{size}']['gbps']:.0f}" for size in sizes)] for r in paged))
 
 
+def sparse_table(payload) -> None:
+    meta, rows = payload["meta"], [r for r in payload["rows"] if r["section"] == "sparse"]
+    print(f"{meta['gpu']}, torch {meta['torch']}, commit `{meta['commit'][:10]}`, {meta['date'][:10]}. bf16, "
+          "D = 128, 16 heads, B · S = 16384, random block masks; speed-up = time(dense flash_attention) / "
+          "time(block_sparse_attention), same inputs, same run.\n")
+    table(["S", "block", "density (measured)", "block-sparse ms", "dense ms", "speed-up"],
+          ([f"{r['seqlen']}", f"{r['block_size'][0]}×{r['block_size'][1]}", f"{r['measured_density']:.2f}",
+            f"{r['flashext']['ms']:.3f}", f"{r['dense']['ms']:.3f}", f"{r['dense']['ms'] / r['flashext']['ms']:.2f}×"]
+           for r in rows))
+
+
 def gelu_summary(payload, ceiling: float) -> None:
     """One row per pass and dtype at its largest size: of the copy ceiling, and time ratios."""
     rows = payload["rows"]
@@ -164,6 +176,9 @@ def main(path: str, summary: bool = False) -> None:
         return
     if sections & {"decode", "paged"}:
         decode_tables(payload)
+        return
+    if sections == {"sparse"}:
+        sparse_table(payload)
         return
     meta = payload["meta"]
     ceiling = max(payload["ceiling_copy_gbps"], payload.get("ceiling_copy_gbps_end", 0))
