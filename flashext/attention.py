@@ -26,6 +26,23 @@ def _deterministic(deterministic: bool) -> bool:
     return deterministic or torch.are_deterministic_algorithms_enabled()
 
 
+def _hopper_forward_available() -> bool:
+    """Whether _flash_attention_sm90 runs here: an sm_90 GPU and a build holding sm_90a code."""
+    if not extension_loaded() or not torch.cuda.is_available():
+        return False
+    from ._build import build_info
+
+    return torch.cuda.get_device_capability() == (9, 0) and any("90a" in a for a in build_info()["cuda_archs"])
+
+
+def _flash_attention_sm90(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
+                          window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+    """(out, lse) of flash_attention by the Hopper kernel (wgmma, TMA, warp specialisation) that is
+    being made fast before flash_attention dispatches to it: D = 128, dense, forward only, on an
+    sm_90 GPU with an sm_90a build. For its tests and bench_attention; not a public API."""
+    return _ops._flash_attn_fwd_sm90(q, k, v, causal, softmax_scale, window_size[0], window_size[1], softcap)
+
+
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
                     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, return_lse: bool = False,
                     deterministic: bool = False):

@@ -53,10 +53,14 @@ def make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, packed
             randn(batch, seqlen_k, heads_kv, head_dim, dtype=dtype, device=device))
 
 
-def check_attention(q, k, v, **kwargs):
-    """flashext.flash_attention's output and lse against the reference; returns (out, lse)."""
+def check_attention(q, k, v, attend=None, **kwargs):
+    """flashext.flash_attention's output and lse (or those of `attend(q, k, v, **kwargs)`, a forward
+    with its signature returning both) against the reference; returns (out, lse)."""
     poison_cache(q)
-    out, lse = flashext.flash_attention(q, k, v, return_lse=True, **kwargs)
+    if attend is None:
+        out, lse = flashext.flash_attention(q, k, v, return_lse=True, **kwargs)
+    else:
+        out, lse = attend(q, k, v, **kwargs)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
     want, want_lse = ref.attention(q, k, v, return_lse=True, **kwargs)

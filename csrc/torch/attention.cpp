@@ -18,6 +18,7 @@
 
 #include "common.h"
 #include "flashext/attention.h"
+#include "../kernels/attention/flash_fwd_sm90.h"
 
 namespace flashext_torch {
 namespace {
@@ -27,6 +28,7 @@ constexpr const char* kFlashVarlen = "flashext.flash_attention_varlen";
 constexpr const char* kFlashBwd = "flashext.flash_attention (backward)";
 constexpr const char* kFlashVarlenBwd = "flashext.flash_attention_varlen (backward)";
 constexpr const char* kBlockSparse = "flashext.block_sparse_attention";
+constexpr const char* kSm90 = "flashext._flash_attn_fwd_sm90";
 
 
 // The grid is (query blocks, heads, batch): gridDim.y and gridDim.z stop at 65535.
@@ -246,6 +248,35 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   return {out, lse};
 }
 
+// The Hopper forward while it is being made fast (flash_fwd_sm90.h): not what flash_attention
+// dispatches to yet, reachable for its tests and the benchmark. D = 128, dense, on an sm_90 GPU
+// with a build holding sm_90a code; q, k, v get the TMA's alignment (16-byte rows) by a copy.
+std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                       const at::Tensor& v_in, bool causal,
+                                                       std::optional<double> softmax_scale, int64_t window_left,
+                                                       int64_t window_right, double softcap) {
+  check_qkv(kSm90, q_in, k_in, v_in, 4);
+  check_options(kSm90, softmax_scale, window_left, window_right, softcap);
+  FX_CHECK(q_in.sym_size(-1) == 128, kSm90, ": head dim must be 128, got ", q_in.sym_size(-1));
+  at::Tensor out = output_like(q_in, false, false);
+  at::Tensor lse = at::empty_symint({q_in.sym_size(0), q_in.sym_size(2), q_in.sym_size(1)},
+                                    q_in.options().dtype(at::kFloat));
+  if (is_meta(q_in) || out.numel() == 0) return {out, lse};
+  FX_CHECK(k_in.size(1) > 0, kSm90, ": argument 'k' must hold at least one key, got shape ", k_in.sizes());
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q_in.get_device());
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q_in.get_device());
+  FX_CHECK(flashext::flash_fwd_sm90_supported(major, minor), kSm90, ": needs an sm_90 GPU and a build with sm_90a ",
+           "code; this is compute capability ", major, ".", minor, " and the build holds '",
+           flashext::compiled_cuda_archs(), "'");
+  const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
+  const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
+                                                      window_right, softcap, q.size(1), k.size(1));
+  check_launch(kSm90, flashext::run_flash_fwd_sm90(p, current_stream(q)));
+  return {out, lse};
+}
+
 // Block-sparse: flash_attn_fwd's checks, then block_mask: bool (B or 1, H or 1, ⌈Sq/R⌉, ⌈Sk/C⌉) on
 // q's device, R and C ≥ 1.
 std::tuple<at::Tensor, at::Tensor> flash_attn_block_sparse_fwd(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -415,6 +446,7 @@ void register_attention_impls(torch::Library& m) {
   m.impl("flash_attn_bwd", &flash_attn_bwd);
   m.impl("flash_attn_varlen_bwd", &flash_attn_varlen_bwd);
   m.impl("flash_attn_block_sparse_fwd", &flash_attn_block_sparse_fwd);
+  m.impl("_flash_attn_fwd_sm90", &flash_attn_fwd_sm90);
 }
 
 }  // namespace

@@ -1,22 +1,22 @@
-// flashext FlashAttention forward on Hopper (sm_90a), version 0: the structure of the plan in
-// docs/notes/attention.md ("Plan for the Hopper forward") without its overlaps, to be proven
-// correct before it is made fast. Not yet dispatched to: FlashFwdKernel.Sm90AgainstCpuReference in
-// tests/cpp/test_attention.cpp runs it against the CPU reference (flash_fwd_sm90.h).
+// flashext FlashAttention forward on Hopper (sm_90a), version 1: the structure of the plan in
+// docs/notes/attention.md ("Plan for the Hopper forward") without its overlaps yet. Not yet
+// dispatched to (flash_fwd_sm90.h says what checks and times it).
 //
 // D = 128, dense batch (no varlen), fp16 / bf16. A CTA per (query block of 128 rows, head, batch):
 // warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1 and 2 consume 64 query
 // rows each. Q and two stages of K and V (128 keys each) live in shared memory as 64-column slabs
 // with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
-// S = Q Kᵀ (wgmma SS, two n64 halves), the online softmax in registers, O += P V (wgmma RS: P from
-// registers, V read MN-major as stored), then releases the stage. Full barriers count one arrival
-// plus the tile's bytes, empty ones an arrival from every consumer thread (one per warpgroup, as
-// FA3 does, once this version is proven).
+// S = Q Kᵀ (wgmma SS, m64n128: all 128 keys per instruction), the online softmax in registers,
+// O += P V (wgmma RS m64n128: P from registers, V read MN-major as stored), then releases the
+// stage. K and V have full barriers of their own (one arrival plus the tile's bytes), so S starts
+// while V still lands; the empty barrier takes one arrival per consumer warpgroup.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "../common/device.h"
 #include "../common/online_softmax.h"
@@ -26,6 +26,7 @@
 #include "../common/vec.cuh"
 #include "dispatch.h"
 #include "flash_fwd_sm90.h"
+#include "flashext/common.h"
 
 namespace flashext {
 namespace attention_detail {
@@ -66,8 +67,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* smem_v = reinterpret_cast<T*>(base + kTileBytes * (1 + kStages));
   uint64_t* bars = reinterpret_cast<uint64_t*>(base + kTileBytes * (1 + 2 * kStages));
   uint64_t* q_full = bars;
-  uint64_t* full = bars + 1;            // [kStages]
-  uint64_t* empty = bars + 1 + kStages;  // [kStages]
+  uint64_t* k_full = bars + 1;                // [kStages]
+  uint64_t* v_full = bars + 1 + kStages;      // [kStages]
+  uint64_t* empty = bars + 1 + 2 * kStages;  // [kStages]
 
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
@@ -83,8 +85,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     sm90::mbarrier_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbarrier_init(&full[s], 1);
-      sm90::mbarrier_init(&empty[s], 256);  // every consumer thread (v0: certain over fast)
+      sm90::mbarrier_init(&k_full[s], 1);
+      sm90::mbarrier_init(&v_full[s], 1);
+      sm90::mbarrier_init(&empty[s], 2);  // one thread of each consumer warpgroup
     }
     sm90::fence_barrier_init();
   }
@@ -101,12 +104,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int it = 0; it < num_n_blocks; ++it) {
         const int stage = it % kStages, n_start = n_lo + it * kBlockN;
         if (it >= kStages) sm90::mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
-        sm90::mbarrier_arrive_expect_tx(&full[stage], 2 * kTileBytes);
         unsigned char* k_tile = reinterpret_cast<unsigned char*>(smem_k) + stage * kTileBytes;
         unsigned char* v_tile = reinterpret_cast<unsigned char*>(smem_v) + stage * kTileBytes;
+        sm90::mbarrier_arrive_expect_tx(&k_full[stage], kTileBytes);
         for (int slab = 0; slab < 2; ++slab) {
-          sm90::tma_load_4d(k_tile + slab * kSlabBytes, &maps.k, &full[stage], 64 * slab, kv_head, n_start, batch);
-          sm90::tma_load_4d(v_tile + slab * kSlabBytes, &maps.v, &full[stage], 64 * slab, kv_head, n_start, batch);
+          sm90::tma_load_4d(k_tile + slab * kSlabBytes, &maps.k, &k_full[stage], 64 * slab, kv_head, n_start, batch);
+        }
+        sm90::mbarrier_arrive_expect_tx(&v_full[stage], kTileBytes);
+        for (int slab = 0; slab < 2; ++slab) {
+          sm90::tma_load_4d(v_tile + slab * kSlabBytes, &maps.v, &v_full[stage], 64 * slab, kv_head, n_start, batch);
         }
       }
     }
@@ -121,11 +127,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float score_scale = softcap_on ? kLog2e : p.softmax_scale * kLog2e;
   const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
 
-  float acc_o[2][32];  // O: dims 64 h + [0, 64) in half h, the wgmma m64n64 accumulator layout
+  float acc_o[64];  // O in the wgmma m64n128 accumulator layout: dims 8 i + 2 quad + {0, 1} at 4 i + ...
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int e = 0; e < 32; ++e) acc_o[h][e] = 0.0f;
+  for (int e = 0; e < 64; ++e) acc_o[e] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
   if (num_n_blocks > 0) sm90::mbarrier_wait(q_full, 0);
@@ -133,34 +137,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t desc_q0 = sm90::smem_descriptor(reinterpret_cast<unsigned char*>(smem_q) + 64 * 128 * c, 16, 1024);
   for (int it = 0; it < num_n_blocks; ++it) {
     const int stage = it % kStages, n_start = n_lo + it * kBlockN;
-    sm90::mbarrier_wait(&full[stage], (it / kStages) & 1);
+    const int phase = (it / kStages) & 1;
+    sm90::mbarrier_wait(&k_full[stage], phase);
     const unsigned char* k_tile = reinterpret_cast<const unsigned char*>(smem_k) + stage * kTileBytes;
     const unsigned char* v_tile = reinterpret_cast<const unsigned char*>(smem_v) + stage * kTileBytes;
 
-    // S = Q Kᵀ: keys 64 h + [0, 64) in half h; head-dim k16 step kk is slab kk / 4, 32 bytes × (kk % 4) in.
-    float s[2][32];
+    // S = Q Kᵀ over all 128 keys (rows of every slab); head-dim k16 step kk is slab kk / 4, 32
+    // bytes × (kk % 4) in.
+    float s[64];
+    const uint64_t desc_k0 = sm90::smem_descriptor(k_tile, 16, 1024);
     sm90::wgmma_fence();
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint64_t desc_k0 = sm90::smem_descriptor(k_tile + 64 * 128 * h, 16, 1024);
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint64_t step = uint64_t((kk / 4) * (kSlabBytes >> 4) + 2 * (kk % 4));
-        sm90::wgmma_m64n64k16_ss<T, 0>(s[h], desc_q0 + step, desc_k0 + step, kk > 0);
-      }
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint64_t step = uint64_t((kk / 4) * (kSlabBytes >> 4) + 2 * (kk % 4));
+      sm90::wgmma_m64n128k16_ss<T, 0>(s, desc_q0 + step, desc_k0 + step, kk > 0);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
-    sm90::fence_operands(s[0]);
-    sm90::fence_operands(s[1]);
+    sm90::fence_operands(s);
 
-    // Soft-cap, then the mask where the block crosses a boundary. Element (h, i, e): row row0 + 8 ·
-    // (e / 2), key n_start + 64 h + 8 i + 2 quad + e % 2.
+    // Soft-cap, then the mask where the block crosses a boundary. Element 4 i + e: row row0 + 8 ·
+    // (e / 2), key n_start + 8 i + 2 quad + e % 2 (n8 tile i of 16).
     if (softcap_on) {  // (a uniform branch around the loop, not one per score)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int e = 0; e < 32; ++e) s[h][e] = p.softcap * tanhf(s[h][e] * cap_scale);
+      for (int e = 0; e < 64; ++e) s[e] = p.softcap * tanhf(s[e] * cap_scale);
     }
     const bool full_block = n_start + kBlockN <= seqlen_k &&
                             (p.window_right < 0 || n_start + kBlockN - 1 <= m_start + diag + p.window_right) &&
@@ -172,27 +172,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int right = p.window_right < 0 ? seqlen_k : min(seqlen_k, row + diag + p.window_right + 1);
         const int left = p.window_left < 0 ? INT32_MIN : row + diag - p.window_left;
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 16; ++i)
 #pragma unroll
-          for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int key = n_start + 64 * h + 8 * i + 2 * quad + e;
-              if (key >= right || key < left) s[h][4 * i + 2 * r + e] = -INFINITY;
-            }
+          for (int e = 0; e < 2; ++e) {
+            const int key = n_start + 8 * i + 2 * quad + e;
+            if (key >= right || key < left) s[4 * i + 2 * r + e] = -INFINITY;
+          }
       }
     }
 
     // Online softmax per row (its 4 owners are one lane quad); P rounded to T and summed as rounded,
     // so a row's weights add up to 1 whatever the rounding. O is rescaled before P V adds to it.
-    uint32_t p16[2][8][2];  // [half][n8 tile][row r]: the pair of this thread's columns
+    uint32_t p16[16][2];  // [n8 tile][row r]: the pair of this thread's columns
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float tile_max = -INFINITY;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) tile_max = fmaxf(tile_max, fmaxf(s[h][4 * i + 2 * r], s[h][4 * i + 2 * r + 1]));
+      for (int i = 0; i < 16; ++i) tile_max = fmaxf(tile_max, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[r], tile_max);
@@ -200,51 +196,42 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float base_max = safe_row_max(new_max) * score_scale;
       float tile_sum = 0.0f;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const uint32_t pair = pack<T>(ptx::exp2_approx(fmaf(s[h][4 * i + 2 * r], score_scale, -base_max)),
-                                        ptx::exp2_approx(fmaf(s[h][4 * i + 2 * r + 1], score_scale, -base_max)));
-          p16[h][i][r] = pair;
-          const T* halves = reinterpret_cast<const T*>(&pair);
-          tile_sum += to_float(halves[0]) + to_float(halves[1]);
-        }
+      for (int i = 0; i < 16; ++i) {
+        const uint32_t pair = pack<T>(ptx::exp2_approx(fmaf(s[4 * i + 2 * r], score_scale, -base_max)),
+                                      ptx::exp2_approx(fmaf(s[4 * i + 2 * r + 1], score_scale, -base_max)));
+        p16[i][r] = pair;
+        const T* halves = reinterpret_cast<const T*>(&pair);
+        tile_sum += to_float(halves[0]) + to_float(halves[1]);
+      }
       row_sum[r] = row_sum[r] * alpha + tile_sum;
       row_max[r] = new_max;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          acc_o[h][4 * i + 2 * r] *= alpha;
-          acc_o[h][4 * i + 2 * r + 1] *= alpha;
-        }
+      for (int i = 0; i < 16; ++i) {
+        acc_o[4 * i + 2 * r] *= alpha;
+        acc_o[4 * i + 2 * r + 1] *= alpha;
+      }
     }
 
-    // O += P V: key k16 step kk is S half kk / 4, n8 tiles 2 (kk % 4) and + 1 (the A fragment:
-    // rows r, r + 8 × keys 0-7, 8-15); V's slab h holds dims 64 h + [0, 64), MN-major, a k16 step
-    // 16 keys × 128 bytes in. (The rescaled O and the packed P are pinned before the fence.)
-    sm90::fence_operands(acc_o[0]);
-    sm90::fence_operands(acc_o[1]);
+    // O += P V: key k16 step kk is n8 tiles 2 kk and 2 kk + 1 of P (the A fragment: rows r, r + 8
+    // × keys 0-7, 8-15); V is MN-major, dims 64 h + [0, 64) in slab h (the descriptor's leading
+    // offset: a slab), a k16 step 16 keys × 128 bytes in. (The rescaled O and the packed P are
+    // pinned before the fence.)
+    sm90::fence_operands(acc_o);
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) sm90::fence_operands(p16[h][i]);
+    for (int i = 0; i < 16; ++i) sm90::fence_operands(p16[i]);
+    sm90::mbarrier_wait(&v_full[stage], phase);
+    const uint64_t desc_v0 = sm90::smem_descriptor(v_tile, kSlabBytes, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const int h = kk / 4, i0 = 2 * (kk % 4);
-      const uint32_t a[4] = {p16[h][i0][0], p16[h][i0][1], p16[h][i0 + 1][0], p16[h][i0 + 1][1]};
-#pragma unroll
-      for (int dh = 0; dh < 2; ++dh) {
-        const uint64_t desc_v = sm90::smem_descriptor(v_tile + dh * kSlabBytes, kSlabBytes, 1024) + uint64_t(128 * kk);
-        sm90::wgmma_m64n64k16_rs<T, 1>(acc_o[dh], a, desc_v, 1);
-      }
+      const uint32_t a[4] = {p16[2 * kk][0], p16[2 * kk][1], p16[2 * kk + 1][0], p16[2 * kk + 1][1]};
+      sm90::wgmma_m64n128k16_rs<T, 1>(acc_o, a, desc_v0 + uint64_t(128 * kk), 1);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
-    sm90::fence_operands(acc_o[0]);
-    sm90::fence_operands(acc_o[1]);
-    sm90::mbarrier_arrive(&empty[stage]);  // this thread's warp is done with the stage's K and V
+    sm90::fence_operands(acc_o);
+    // The warpgroup's GEMMs on this stage are done (wgmma is collective: every warp issued them).
+    if (threadIdx.x % 128 == 0) sm90::mbarrier_arrive(&empty[stage]);
   }
 
   // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse.
@@ -258,13 +245,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (row >= seqlen_q) continue;
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
 #pragma unroll
-    for (int dh = 0; dh < 2; ++dh)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int col = 64 * dh + 8 * i + 2 * quad;
-        *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
-            pack<T>(acc_o[dh][4 * i + 2 * r] * inv, acc_o[dh][4 * i + 2 * r + 1] * inv);
-      }
+    for (int i = 0; i < 16; ++i) {
+      const int col = 8 * i + 2 * quad;
+      *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
+          pack<T>(acc_o[4 * i + 2 * r] * inv, acc_o[4 * i + 2 * r + 1] * inv);
+    }
     if (p.lse != nullptr && quad == 0) {
       p.lse[int64_t(batch) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + row] =
           row_lse({row_max[r] * score_scale, total});
@@ -297,6 +282,11 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 }  // namespace attention_detail
+
+bool flash_fwd_sm90_supported(int major, int minor) {
+  // sm_90a machine code, or compute_90a PTX (either spelling of the arch list holds "90a")
+  return major == 9 && minor == 0 && std::strstr(compiled_cuda_archs(), "90a") != nullptr;
+}
 
 cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using namespace attention_detail;

@@ -198,6 +198,13 @@ FX_DEVICE void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc
 template <typename T, int kTransB>
 FX_DEVICE void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d);
 
+// The same at n128 (d: 64 per thread, n8 tile i at d[4 i .. 4 i + 3]): half the instructions of
+// two n64 halves, and for SS A is read from shared memory once per 128 columns instead of twice.
+template <typename T, int kTransB>
+FX_DEVICE void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d);
+template <typename T, int kTransB>
+FX_DEVICE void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d);
+
 #define FX_WGMMA_D32                                                                                   \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -206,6 +213,21 @@ FX_DEVICE void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64
       "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
       "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
       "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+#define FX_WGMMA_D64 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FX_WGMMA_D64_OPERANDS \
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
 #define FX_DEFINE_WGMMA_64(T, TYPE)                                                                          \
   template <>                                                                                                \
@@ -227,7 +249,41 @@ FX_DEVICE void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64
     FX_WGMMA_RS(TYPE, 1)                                                                                     \
   }
 
+#define FX_DEFINE_WGMMA_128(T, TYPE)                                                                          \
+  template <>                                                                                                 \
+  FX_DEVICE void wgmma_m64n128k16_ss<T, 0>(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {   \
+    FX_WGMMA_SS128(TYPE, 0)                                                                                   \
+  }                                                                                                           \
+  template <>                                                                                                 \
+  FX_DEVICE void wgmma_m64n128k16_ss<T, 1>(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {   \
+    FX_WGMMA_SS128(TYPE, 1)                                                                                   \
+  }                                                                                                           \
+  template <>                                                                                                 \
+  FX_DEVICE void wgmma_m64n128k16_rs<T, 0>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,           \
+                                           int scale_d) {                                                    \
+    FX_WGMMA_RS128(TYPE, 0)                                                                                   \
+  }                                                                                                           \
+  template <>                                                                                                 \
+  FX_DEVICE void wgmma_m64n128k16_rs<T, 1>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,           \
+                                           int scale_d) {                                                    \
+    FX_WGMMA_RS128(TYPE, 1)                                                                                   \
+  }
+
 #if FX_SM90_ENABLED
+#define FX_WGMMA_SS128(TYPE, TRANS_B)                                                                           \
+  asm volatile(                                                                                                 \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                             \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " FX_WGMMA_D64 ", %64, %65, p, 1, 1, 0, " \
+      #TRANS_B ";\n}\n"                                                                                         \
+      : FX_WGMMA_D64_OPERANDS                                                                                   \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#define FX_WGMMA_RS128(TYPE, TRANS_B)                                                                          \
+  asm volatile(                                                                                                \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                            \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " FX_WGMMA_D64                             \
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, " #TRANS_B ";\n}\n"                                                \
+      : FX_WGMMA_D64_OPERANDS                                                                                  \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 #define FX_WGMMA_SS(TYPE, TRANS_B)                                                                              \
   asm volatile(                                                                                                 \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                             \
@@ -243,6 +299,12 @@ FX_DEVICE void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64
       : FX_WGMMA_D32_OPERANDS                                                                                  \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 #else
+#define FX_WGMMA_SS128(TYPE, TRANS_B) \
+  (void)d, (void)desc_a, (void)desc_b, (void)scale_d; \
+  __trap();
+#define FX_WGMMA_RS128(TYPE, TRANS_B) \
+  (void)d, (void)a, (void)desc_b, (void)scale_d; \
+  __trap();
 #define FX_WGMMA_SS(TYPE, TRANS_B) \
   (void)d, (void)desc_a, (void)desc_b, (void)scale_d; \
   __trap();
@@ -253,12 +315,19 @@ FX_DEVICE void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64
 
 FX_DEFINE_WGMMA_64(__half, "f16")
 FX_DEFINE_WGMMA_64(__nv_bfloat16, "bf16")
+FX_DEFINE_WGMMA_128(__half, "f16")
+FX_DEFINE_WGMMA_128(__nv_bfloat16, "bf16")
 
 #undef FX_DEFINE_WGMMA_64
+#undef FX_DEFINE_WGMMA_128
 #undef FX_WGMMA_SS
 #undef FX_WGMMA_RS
+#undef FX_WGMMA_SS128
+#undef FX_WGMMA_RS128
 #undef FX_WGMMA_D32
 #undef FX_WGMMA_D32_OPERANDS
+#undef FX_WGMMA_D64
+#undef FX_WGMMA_D64_OPERANDS
 
 }  // namespace sm90
 }  // namespace flashext
