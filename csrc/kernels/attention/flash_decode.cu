@@ -7,7 +7,9 @@
 // decode). Each block walks the key tiles of its split, [split · split_keys, ... + split_keys)
 // ∩ [0, cache_seqlens[b] + seqlen_new), tiles gathered row by row through the page table
 // (load_rows; the table read a tile ahead), double-buffered by cp.async: the FA2 loop of
-// flash_fwd_kernel.cuh with one m16 row tile per warp, where warps with no real rows only copy.
+// flash_fwd_kernel.cuh with one m16 row tile per warp, where warps with no real rows only copy;
+// or, when every row fits one m16 tile (decode), each warp takes a 16-key slab of every tile for
+// those rows, and the 4 warps' softmax states merge at the end.
 // Row sums add the 16-bit P that P V multiplies. One split writes o and lse itself; more write
 // fp32 partials that flash_decode_combine merges by their lse.
 //
@@ -22,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/device.h"
 #include "../common/online_softmax.h"
@@ -150,37 +153,45 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
   }
   ptx::cp_async_commit();
 
-  const uint32_t q_base = ptx::smem_addr(smem_q) + 2 * swizzled<kHeadDim>(16 * warp + lane % 16, lane / 16);
-  const uint32_t k_base0 = ptx::smem_addr(smem_k) + 2 * swizzled<kHeadDim>(lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
-  const uint32_t v_base0 = ptx::smem_addr(smem_v) + 2 * swizzled<kHeadDim>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
-  // A warp whose 16 rows are all past the block's (query, head) pairs (decode with a group under
-  // 64: warps 1-3 at group 4) only helps load the tiles.
-  const bool warp_busy = row0 + 16 * warp < group * p.seqlen_q;
+  // Two ways to share a tile among the 4 warps. Rows: warp w owns rows 16 w + [0, 16) and every
+  // key of the tile. Keys, when all the block's rows fit one m16 tile (decode: group · Sq ≤ 16):
+  // every warp computes those 16 rows over its own 16-key slab of each tile, with a softmax state
+  // of its own, and the warps' states are merged at the end (as split-KV partials are), so all 4
+  // warps' tensor cores share a tile's math instead of one warp doing all of it.
+  constexpr int kKeySlabs = kBlockN / 16;
+  const bool share_keys = group * p.seqlen_q <= 16;
+  const int row_warp = share_keys ? 0 : warp;  // the m16 row tile this warp computes
+  const int slab0 = share_keys ? warp : 0;     // its first 16-key slab of each tile
+  const uint32_t q_base = ptx::smem_addr(smem_q) + 2 * swizzled<kHeadDim>(16 * row_warp + lane % 16, lane / 16);
+  const uint32_t k_base0 = ptx::smem_addr(smem_k) + 2 * swizzled<kHeadDim>(lane % 8 + (lane / 16) * 8, (lane / 8) % 2) +
+                           16 * slab0 * kRowBytes;
+  const uint32_t v_base0 = ptx::smem_addr(smem_v) + 2 * swizzled<kHeadDim>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16) +
+                           16 * slab0 * kRowBytes;
+  // A warp with no rows (row sharing: its 16 rows all past the block's (query, head) pairs) or no
+  // keys (key sharing at D = 256: two slabs for four warps) only helps load the tiles.
+  const bool warp_busy = share_keys ? slab0 < kKeySlabs : row0 + 16 * warp < group * p.seqlen_q;
   // This thread's two rows (group_id, group_id + 8 of the warp's 16) as query positions.
   int row_query[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) row_query[r] = (row0 + 16 * warp + group_id + 8 * r) / group;
+  for (int r = 0; r < 2; ++r) row_query[r] = (row0 + 16 * row_warp + group_id + 8 * r) / group;
 
-  for (int it = 0; it < num_n_blocks; ++it) {
-    const int n_start = n_lo + it * kBlockN, buffer = it % 2;
-    ptx::cp_async_wait<0>();
-    __syncthreads();  // this tile is in; every warp is done with the other buffer
-    if (it + 1 < num_n_blocks) load_kv(buffer ^ 1, n_start + kBlockN);
-    ptx::cp_async_commit();
-    if (it + 2 < num_n_blocks) fetch_pages(n_start + 2 * kBlockN);
-    if (!warp_busy) continue;  // (a warp-uniform branch; the loop's barrier stays at its top)
+  // One tile's math for this warp's rows over kSlabs 16-key slabs from slab0: S = Q Kᵀ, mask,
+  // online softmax, O += P V.
+  const auto tile_math = [&](auto slabs, int buffer, int n_start) {
+    constexpr int kSlabs = decltype(slabs)::value, kTiles = 2 * kSlabs;
     const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
     const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
+    const int key0 = n_start + 16 * slab0;
 
-    float s[kNTiles][4];
+    float s[kTiles][4];
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int j = 0; j < kTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       uint32_t q_frag[4];
       ptx::ldmatrix_x4(q_frag, swizzled_chunk_addr(q_base, 2 * kk));
 #pragma unroll
-      for (int jp = 0; jp < kNTiles / 2; ++jp) {
+      for (int jp = 0; jp < kSlabs; ++jp) {
         uint32_t k_frag[4];
         ptx::ldmatrix_x4(k_frag, swizzled_chunk_addr(k_base, 2 * kk) + 16 * jp * kRowBytes);
         ptx::mma_16816<T>(s[2 * jp], q_frag, k_frag[0], k_frag[1]);
@@ -189,7 +200,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
     }
     if (softcap_on) {
 #pragma unroll
-      for (int j = 0; j < kNTiles; ++j)
+      for (int j = 0; j < kTiles; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] = p.softcap * tanhf(s[j][e] * cap_scale);
     }
@@ -200,22 +211,22 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
       const int right = min(n_hi, p.window_right < 0 ? n_hi : i + diag + p.window_right + 1);
       const int left = p.window_left < 0 ? 0 : i + diag - p.window_left;
 #pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
+      for (int j = 0; j < kTiles; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int key = n_start + 8 * j + 2 * quad + e;
+          const int key = key0 + 8 * j + 2 * quad + e;
           if (key >= right || key < left) s[j][2 * r + e] = -INFINITY;
         }
       }
     }
     // Online softmax per row (its 4 owners are one lane quad); P rounded to T, summed as rounded.
-    uint32_t p16[kNTiles][2];
+    uint32_t p16[kTiles][2];
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float tile_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kNTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      for (int j = 0; j < kTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[r], tile_max);
@@ -223,7 +234,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
       const float base = safe_row_max(new_max) * score_scale;
       float tile_sum = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
+      for (int j = 0; j < kTiles; ++j) {
         p16[j][r] = ptx::pack2<T>(ptx::exp2_approx(fmaf(s[j][2 * r], score_scale, -base)),
                                   ptx::exp2_approx(fmaf(s[j][2 * r + 1], score_scale, -base)));
         const Pack<T, 2> pair = *reinterpret_cast<const Pack<T, 2>*>(&p16[j][r]);
@@ -241,7 +252,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
     }
     // O += P V
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    for (int kk = 0; kk < kSlabs; ++kk) {
       const uint32_t p_frag[4] = {p16[2 * kk][0], p16[2 * kk][1], p16[2 * kk + 1][0], p16[2 * kk + 1][1]};
 #pragma unroll
       for (int tp = 0; tp < kDTiles / 2; ++tp) {
@@ -251,8 +262,62 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
         ptx::mma_16816<T>(acc_o[2 * tp + 1], p_frag, v_frag[2], v_frag[3]);
       }
     }
+  };
+
+  for (int it = 0; it < num_n_blocks; ++it) {
+    const int n_start = n_lo + it * kBlockN, buffer = it % 2;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // this tile is in; every warp is done with the other buffer
+    if (it + 1 < num_n_blocks) load_kv(buffer ^ 1, n_start + kBlockN);
+    ptx::cp_async_commit();
+    if (it + 2 < num_n_blocks) fetch_pages(n_start + 2 * kBlockN);
+    if (!warp_busy) continue;  // (a warp-uniform branch; the loop's barrier stays at its top)
+    if (share_keys) {
+      tile_math(std::integral_constant<int, 1>{}, buffer, n_start);
+    } else {
+      tile_math(std::integral_constant<int, kKeySlabs>{}, buffer, n_start);
+    }
   }
   ptx::cp_async_wait<0>();  // nothing in flight at exit
+
+  if (share_keys) {
+    // Merge the warps' states into warp 0's, lane by lane (lane t of every warp holds the same rows
+    // and columns), through the tiles' shared memory: warp w > 0 stores (m, l, O) per lane,
+    // element-major so that a warp's 32 lanes hit 32 banks.
+    constexpr int kValues = 4 + 4 * kDTiles;
+    static_assert(3 * kValues * 32 * 4 <= Config::kSmemBytes, "the merge fits the tiles' shared memory");
+    float* merge = reinterpret_cast<float*>(smem_raw);
+    __syncthreads();  // every warp is done reading the tiles
+    if (warp > 0) {
+      float* mine = merge + (warp - 1) * kValues * 32 + lane;
+      mine[0] = row_max[0], mine[32] = row_max[1], mine[64] = row_sum[0], mine[96] = row_sum[1];
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[32 * (4 + 4 * t + e)] = acc_o[t][e];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll 1
+    for (int w = 0; w < 3; ++w) {
+      const float* theirs = merge + w * kValues * 32 + lane;
+      float scale_mine[2], scale_theirs[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float their_max = theirs[32 * r];
+        const float m = fmaxf(row_max[r], their_max);
+        scale_mine[r] = rescale_factor(row_max[r], m, score_scale);
+        scale_theirs[r] = rescale_factor(their_max, m, score_scale);
+        row_sum[r] = row_sum[r] * scale_mine[r] + theirs[32 * (2 + r)] * scale_theirs[r];
+        row_max[r] = m;
+      }
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          acc_o[t][e] = acc_o[t][e] * scale_mine[e / 2] + theirs[32 * (4 + 4 * t + e)] * scale_theirs[e / 2];
+    }
+  }
 
   // Epilogue: this thread's rows; one split writes o and lse, more write fp32 partials.
 #pragma unroll
@@ -260,7 +325,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
     float total_sum = row_sum[r];
     total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 1);
     total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 2);
-    const int row = row0 + 16 * warp + group_id + 8 * r, i = row / group;
+    const int row = row0 + 16 * row_warp + group_id + 8 * r, i = row / group;
     if (i >= p.seqlen_q) continue;
     const int head = kv_head * group + row % group;
     const float inv = total_sum > 0.0f ? 1.0f / total_sum : 0.0f;
