@@ -258,11 +258,11 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, c
   check_qkv(kSm90, q_in, k_in, v_in, 4);
   check_options(kSm90, softmax_scale, window_left, window_right, softcap);
   FX_CHECK(q_in.sym_size(-1) == 128, kSm90, ": head dim must be 128, got ", q_in.sym_size(-1));
+  FX_CHECK(k_in.sym_size(1) > 0, kSm90, ": argument 'k' must hold at least one key, got shape ", k_in.sym_sizes());
   at::Tensor out = output_like(q_in, false, false);
   at::Tensor lse = at::empty_symint({q_in.sym_size(0), q_in.sym_size(2), q_in.sym_size(1)},
                                     q_in.options().dtype(at::kFloat));
   if (is_meta(q_in) || out.numel() == 0) return {out, lse};
-  FX_CHECK(k_in.size(1) > 0, kSm90, ": argument 'k' must hold at least one key, got shape ", k_in.sizes());
   const c10::cuda::CUDAGuard guard(q_in.device());
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q_in.get_device());

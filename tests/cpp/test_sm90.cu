@@ -49,6 +49,19 @@ __device__ void store_accumulator(const float (&d)[32], float* c) {
     }
 }
 
+// The same for a 64 × 128 accumulator (64 per thread, n8 tile i at d[4 i .. 4 i + 3]) into
+// row-major c of 128 columns.
+__device__ void store_accumulator_wide(const float (&d)[64], float* c) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = 16 * warp + lane / 4 + 8 * (j / 2), col = 8 * i + 2 * (lane % 4) + j % 2;
+      c[row * 128 + col] = d[4 * i + j];
+    }
+}
+
 // s = q kᵀ: q and k row-major 64 × 64 (rows × depth), both loaded by TMA.
 template <typename T>
 __global__ void __launch_bounds__(128) qk_kernel(const __grid_constant__ CUtensorMap map_q,
@@ -131,6 +144,87 @@ __global__ void __launch_bounds__(128) pv_kernel(const T* p, const __grid_consta
   store_accumulator(d, o);
 }
 
+// The n128 forms: s = q kᵀ with k 128 × 64 (keys × depth: one 128-row slab), and o = p v with v
+// 64 × 128 (keys × dims) held as two 64-column slabs (the descriptor's leading offset between
+// them), as the attention kernel holds its tiles.
+constexpr int kWide = 128;
+
+template <typename T>
+__global__ void __launch_bounds__(128) qk_wide_kernel(const __grid_constant__ CUtensorMap map_q,
+                                                      const __grid_constant__ CUtensorMap map_k, float* s) {
+  namespace sm90 = flashext::sm90;
+  __shared__ __align__(1024) T q[kTile * kTile];
+  __shared__ __align__(1024) T k[kWide * kTile];
+  __shared__ uint64_t bar;
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(&bar, 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_arrive_expect_tx(&bar, (kTile + kWide) * kTile * sizeof(T));
+    sm90::tma_load_2d(q, &map_q, &bar, 0, 0);
+    sm90::tma_load_2d(k, &map_k, &bar, 0, 0);
+  }
+  sm90::mbarrier_wait(&bar, 0);
+  float d[64];
+  const uint64_t desc_q = sm90::smem_descriptor(q, 16, 1024), desc_k = sm90::smem_descriptor(k, 16, 1024);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    sm90::wgmma_m64n128k16_ss<T, 0>(d, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
+  }
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::fence_operands(d);
+  store_accumulator_wide(d, s);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(128) pv_wide_kernel(const T* p, const __grid_constant__ CUtensorMap map_v,
+                                                      float* o) {
+  namespace sm90 = flashext::sm90;
+  __shared__ __align__(1024) T v[kTile * kWide];  // slab h: dims 64 h + [0, 64) of the 64 keys
+  __shared__ uint64_t bar;
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(&bar, 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_arrive_expect_tx(&bar, kTile * kWide * sizeof(T));
+    sm90::tma_load_2d(v, &map_v, &bar, 0, 0);
+    sm90::tma_load_2d(v + kTile * kTile, &map_v, &bar, kTile, 0);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = 16 * warp + lane / 4, col = 2 * (lane % 4);
+  const auto pair = [&](int r, int c) {
+    const uint16_t lo = reinterpret_cast<const uint16_t*>(p)[r * kTile + c];
+    const uint16_t hi = reinterpret_cast<const uint16_t*>(p)[r * kTile + c + 1];
+    return uint32_t(lo) | (uint32_t(hi) << 16);
+  };
+  uint32_t a[kTile / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    a[kk][0] = pair(row, 16 * kk + col);
+    a[kk][1] = pair(row + 8, 16 * kk + col);
+    a[kk][2] = pair(row, 16 * kk + 8 + col);
+    a[kk][3] = pair(row + 8, 16 * kk + 8 + col);
+  }
+  sm90::mbarrier_wait(&bar, 0);
+  float d[64];
+  const uint64_t desc_v = sm90::smem_descriptor(v, kTile * 128, 1024);  // leading: one slab's bytes
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) sm90::fence_operands(a[kk]);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) sm90::wgmma_m64n128k16_rs<T, 1>(d, a[kk], desc_v + 128 * kk, kk > 0);
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::fence_operands(d);
+  store_accumulator_wide(d, o);
+}
+
 template <typename T>
 class Sm90Primitives : public ::testing::Test {};
 using Types = ::testing::Types<__half, __nv_bfloat16>;
@@ -144,35 +238,43 @@ CUtensorMap tile_map(const DeviceBuffer& buffer) {
   return map;
 }
 
-// out = x · yᵀ (y_transposed: y is columns × depth) or x · y, in double.
+// out (64 × n) = x · yᵀ (y_transposed: y is n columns × 64 depth) or x · y (y 64 × n), in double.
 template <typename T>
-std::vector<double> matmul(const std::vector<T>& x, const std::vector<T>& y, bool y_transposed) {
-  std::vector<double> out(kTile * kTile, 0.0);
+std::vector<double> matmul(const std::vector<T>& x, const std::vector<T>& y, bool y_transposed, int n) {
+  std::vector<double> out(kTile * n, 0.0);
   for (int i = 0; i < kTile; ++i)
-    for (int j = 0; j < kTile; ++j)
+    for (int j = 0; j < n; ++j)
       for (int e = 0; e < kTile; ++e)
-        out[i * kTile + j] += double(to_float(x[i * kTile + e])) *
-                              to_float(y_transposed ? y[j * kTile + e] : y[e * kTile + j]);
+        out[i * n + j] += double(to_float(x[i * kTile + e])) * to_float(y_transposed ? y[j * kTile + e] : y[e * n + j]);
   return out;
 }
 
-// Random 64 × 64 x and y uploaded, launch(x, y, out) run, out checked against x · yᵀ (y_transposed)
-// or x · y.
+// Random 64 × 64 x and y of 64 · n elements uploaded, launch(x, y, out) run, out (64 × n) checked
+// against x · yᵀ (y_transposed) or x · y.
 template <typename T, typename Launch>
-void check_tile_product(uint32_t seed, bool y_transposed, const char* name, Launch launch) {
+void check_tile_product(uint32_t seed, bool y_transposed, const char* name, Launch launch, int n = kTile) {
   std::mt19937 rng(seed);
   const auto x = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
-  const auto y = flashext_test::random_values<T>(kTile * kTile, rng, 1.0f);
-  DeviceBuffer dx(x.size() * sizeof(T)), dy(y.size() * sizeof(T)), dout(kTile * kTile * sizeof(float));
+  const auto y = flashext_test::random_values<T>(kTile * n, rng, 1.0f);
+  DeviceBuffer dx(x.size() * sizeof(T)), dy(y.size() * sizeof(T)), dout(kTile * n * sizeof(float));
   flashext_test::upload(dx.get(), x);
   flashext_test::upload(dy.get(), y);
   launch(dx, dy, dout);
   FX_ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto got = flashext_test::download<float>(dout.get(), kTile * kTile);
-  const auto want = matmul(x, y, y_transposed);
-  for (int i = 0; i < kTile * kTile; ++i) {
-    ASSERT_NEAR(got[i], want[i], 1e-3 * (1.0 + std::abs(want[i]))) << name << "[" << i / kTile << "][" << i % kTile << "]";
+  const auto got = flashext_test::download<float>(dout.get(), kTile * n);
+  const auto want = matmul(x, y, y_transposed, n);
+  for (int i = 0; i < kTile * n; ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-3 * (1.0 + std::abs(want[i]))) << name << "[" << i / n << "][" << i % n << "]";
   }
+}
+
+// A 2-D map of a row-major rows × cols matrix, boxes of box_rows × 64.
+template <typename T>
+CUtensorMap matrix_map(const DeviceBuffer& buffer, int rows, int cols, int box_rows) {
+  CUtensorMap map;
+  EXPECT_EQ(flashext::make_tma_2d_swizzle128(&map, buffer.get(), 2, rows, cols, cols * sizeof(T), box_rows, kTile),
+            cudaSuccess);
+  return map;
 }
 
 TYPED_TEST(Sm90Primitives, TmaAndWgmmaQKt) {
@@ -191,6 +293,24 @@ TYPED_TEST(Sm90Primitives, WgmmaPVFromRegisters) {
   check_tile_product<T>(91, false, "o", [](const DeviceBuffer& p, const DeviceBuffer& v, const DeviceBuffer& o) {
     pv_kernel<T><<<1, 128>>>(p.at<T>(), tile_map<T>(v), o.at<float>());
   });
+}
+
+TYPED_TEST(Sm90Primitives, WgmmaN128QKt) {
+  FX_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
+  using T = TypeParam;
+  check_tile_product<T>(92, true, "s", [](const DeviceBuffer& q, const DeviceBuffer& k, const DeviceBuffer& s) {
+    qk_wide_kernel<T><<<1, 128>>>(tile_map<T>(q), matrix_map<T>(k, kWide, kTile, kWide), s.at<float>());
+  }, kWide);
+}
+
+TYPED_TEST(Sm90Primitives, WgmmaN128PVAcrossTwoSlabs) {
+  FX_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
+  using T = TypeParam;
+  check_tile_product<T>(93, false, "o", [](const DeviceBuffer& p, const DeviceBuffer& v, const DeviceBuffer& o) {
+    pv_wide_kernel<T><<<1, 128>>>(p.at<T>(), matrix_map<T>(v, kTile, kWide, kTile), o.at<float>());
+  }, kWide);
 }
 
 }  // namespace

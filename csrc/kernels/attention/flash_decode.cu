@@ -72,7 +72,7 @@ template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const FlashDecodeParams p, float* o_part,
                                                                         float* lse_part) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
-  constexpr int kNTiles = kBlockN / 8, kDTiles = kHeadDim / 8;
+  constexpr int kDTiles = kHeadDim / 8;
   constexpr uint32_t kRowBytes = 2 * kHeadDim;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* smem_q = reinterpret_cast<T*>(smem_raw);
@@ -159,6 +159,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
   // of its own, and the warps' states are merged at the end (as split-KV partials are), so all 4
   // warps' tensor cores share a tile's math instead of one warp doing all of it.
   constexpr int kKeySlabs = kBlockN / 16;
+  static_assert(kKeySlabs <= Config::kNWarps, "key sharing gives each warp at most one slab");
   const bool share_keys = group * p.seqlen_q <= 16;
   const int row_warp = share_keys ? 0 : warp;  // the m16 row tile this warp computes
   const int slab0 = share_keys ? warp : 0;     // its first 16-key slab of each tile
@@ -285,10 +286,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
     // and columns), through the tiles' shared memory: warp w > 0 stores (m, l, O) per lane,
     // element-major so that a warp's 32 lanes hit 32 banks.
     constexpr int kValues = 4 + 4 * kDTiles;
-    static_assert(3 * kValues * 32 * 4 <= Config::kSmemBytes, "the merge fits the tiles' shared memory");
+    static_assert((kKeySlabs - 1) * kValues * 32 * 4 <= Config::kSmemBytes, "the merge fits the tiles' memory");
     float* merge = reinterpret_cast<float*>(smem_raw);
     __syncthreads();  // every warp is done reading the tiles
-    if (warp > 0) {
+    if (warp > 0 && warp < kKeySlabs) {
       float* mine = merge + (warp - 1) * kValues * 32 + lane;
       mine[0] = row_max[0], mine[32] = row_max[1], mine[64] = row_sum[0], mine[96] = row_sum[1];
 #pragma unroll
@@ -299,7 +300,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
     __syncthreads();
     if (warp > 0) return;
 #pragma unroll 1
-    for (int w = 0; w < 3; ++w) {
+    for (int w = 0; w < kKeySlabs - 1; ++w) {  // (warps past the slabs hold nothing)
       const float* theirs = merge + w * kValues * 32 + lane;
       float scale_mine[2], scale_theirs[2];
 #pragma unroll

@@ -262,6 +262,11 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
   Sm90Maps maps;
   const auto map = [](CUtensorMap* out, const void* base, int64_t heads, int64_t rows, int64_t batch,
                       int64_t row_stride, int64_t head_stride, int64_t batch_stride, uint32_t box_rows) {
+    // The stride of a dim of size 1 addresses nothing, but the TMA wants every stride a multiple
+    // of 16 bytes: give such dims the dense one.
+    head_stride = heads > 1 ? head_stride : kHeadDim;
+    row_stride = rows > 1 ? row_stride : heads * head_stride;
+    batch_stride = batch > 1 ? batch_stride : rows * row_stride;
     const uint64_t dims[4] = {uint64_t(kHeadDim), uint64_t(heads), uint64_t(rows), uint64_t(batch)};
     const uint64_t strides[3] = {uint64_t(head_stride) * 2, uint64_t(row_stride) * 2, uint64_t(batch_stride) * 2};
     const uint32_t box[4] = {64, 1, box_rows, 1};
