@@ -1,6 +1,7 @@
 """Compare two bench_attention runs point by point (an A/B from `scripts/gpu.sh ab`).
 
     python benchmarks/compare_ab.py A.json B.json [--anchor sdpa_flash] [--metric bwd_tflops]
+                                    [--ours flashext_sm90]
 
 For every grid point in both files (the forward grid, or the training grid of a run without it):
 each run's flashext / anchor ratio (the anchor timed in the same run), and B's flashext against
@@ -16,12 +17,12 @@ import json
 import statistics
 
 
-def load(path: str, metric: str | None) -> tuple[dict, dict, str]:
+def load(path: str, metric: str | None, ours: str = "flashext") -> tuple[dict, dict, str]:
     payload = json.load(open(path))
     section = "fwd" if any(r["section"] == "fwd" for r in payload["rows"]) else "train"
     metric = metric or ("tflops" if section == "fwd" else "bwd_tflops")
     rows = {(r["dtype"], r["head_dim"], r["causal"], r["seqlen"]): r
-            for r in payload["rows"] if r["section"] == section and metric in r.get("flashext", {})}
+            for r in payload["rows"] if r["section"] == section and metric in r.get(ours, {})}
     return payload["meta"], rows, metric
 
 
@@ -31,9 +32,10 @@ def main():
     parser.add_argument("b")
     parser.add_argument("--anchor", default="sdpa_flash")
     parser.add_argument("--metric", default=None, help="tflops (forward), bwd_tflops or fwd_bwd_tflops (training)")
+    parser.add_argument("--ours", default="flashext", help="the column that A and B differ in (flashext_sm90: the Hopper kernel)")
     args = parser.parse_args()
-    meta_a, rows_a, metric = load(args.a, args.metric)
-    meta_b, rows_b, _ = load(args.b, metric)
+    meta_a, rows_a, metric = load(args.a, args.metric, args.ours)
+    meta_b, rows_b, _ = load(args.b, metric, args.ours)
     for name, meta in (("A", meta_a), ("B", meta_b)):
         print(f"{name}: commit {meta.get('commit', '?')}, variant {meta.get('variant', 'default')}")
     print(f"\n{'point':28} {'A/' + args.anchor:>14} {'B/' + args.anchor:>14} {'B/A ours':>9} {'B/A anchor':>11}")
@@ -42,9 +44,9 @@ def main():
         a, b = rows_a[key], rows_b[key]
         if metric not in a.get(args.anchor, {}) or metric not in b.get(args.anchor, {}):
             continue
-        ratio_a.append(a["flashext"][metric] / a[args.anchor][metric])
-        ratio_b.append(b["flashext"][metric] / b[args.anchor][metric])
-        moved.append(b["flashext"][metric] / a["flashext"][metric])
+        ratio_a.append(a[args.ours][metric] / a[args.anchor][metric])
+        ratio_b.append(b[args.ours][metric] / b[args.anchor][metric])
+        moved.append(b[args.ours][metric] / a[args.ours][metric])
         drift.append(b[args.anchor][metric] / a[args.anchor][metric])
         dtype, head_dim, causal, seqlen = key
         label = f"{dtype} D={head_dim:3d} {'causal' if causal else 'full  '} S={seqlen:5d}"

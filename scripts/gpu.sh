@@ -11,8 +11,10 @@
 #             `python -m flashext` from outside the source tree
 #   ptx       rebuild with only compute_80 PTX (the portable sm_80 path, JIT-compiled by the
 #             driver), run the GPU test suite on it, then rebuild the default archs
-#   ab        an A/B of an attention variant behind a -D macro: A is this tree, B a copy built with
-#             FLASHEXT_AB_FLAGS="-DNAME=1" added; bench_attention --only ${BENCH_AB_SECTION:-fwd}
+#   ab        an A/B of an attention variant: A is this tree, B a copy built with
+#             FLASHEXT_AB_FLAGS="-DNAME=1" added and/or FLASHEXT_AB_PATCH=FILE applied (patch -p1;
+#             FLASHEXT_AB_TESTS="tests/..." runs B's tests first; FLASHEXT_AB_OURS / _ANCHOR name the
+#             compared column and its anchor); bench_attention --only ${BENCH_AB_SECTION:-fwd}
 #             (fwd, or train for the backward) runs A B A B (narrow it with
 #             FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to $OUT/{a1,b1,a2,b2}.json, for
 #             benchmarks/compare_ab.py
@@ -174,11 +176,17 @@ assert i['device_supported'] and i['ptx'], i" || return 1
 }
 
 ab() {
-  [ -n "${FLASHEXT_AB_FLAGS:-}" ] || { echo "ab: set FLASHEXT_AB_FLAGS (the nvcc flags of variant B)"; return 2; }
+  [ -n "${FLASHEXT_AB_FLAGS:-}${FLASHEXT_AB_PATCH:-}" ] ||
+    { echo "ab: set FLASHEXT_AB_FLAGS (variant B's nvcc flags) or FLASHEXT_AB_PATCH (a patch B applies)"; return 2; }
   build >/dev/null || return 1
   local b=/tmp/flashext_ab_b
-  rm -rf "$b" && cp -r "$ROOT" "$b" &&
-    (cd "$b" && FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} $FLASHEXT_AB_FLAGS" $PY setup.py build_ext --inplace >/dev/null) || return 1
+  rm -rf "$b" && cp -r "$ROOT" "$b" || return 1
+  if [ -n "${FLASHEXT_AB_PATCH:-}" ]; then (cd "$b" && patch -p1 <"$ROOT/$FLASHEXT_AB_PATCH") || return 1; fi
+  (cd "$b" && FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} ${FLASHEXT_AB_FLAGS:-}" $PY setup.py build_ext --inplace >/dev/null) ||
+    return 1
+  if [ -n "${FLASHEXT_AB_TESTS:-}" ]; then  # variant B's own tests first: a faster wrong kernel is no result
+    (cd "$b" && $PY -m pytest -q -p no:cacheprovider $FLASHEXT_AB_TESTS | tail -3) || return 1
+  fi
   local run section=${BENCH_AB_SECTION:-fwd}
   for run in a1 b1 a2 b2; do
     local dir=$ROOT
@@ -187,8 +195,9 @@ ab() {
     (cd "$dir" && OUT=/tmp/flashext_ab_$run $PY benchmarks/bench_attention.py --only "$section" | grep "vs ") || return 1
     cp /tmp/flashext_ab_$run/attention*.json "$OUT/$run.json"
   done
-  $PY benchmarks/compare_ab.py "$OUT/a1.json" "$OUT/b1.json" | tail -2
-  $PY benchmarks/compare_ab.py "$OUT/a2.json" "$OUT/b2.json" | tail -2
+  local compare=(--ours "${FLASHEXT_AB_OURS:-flashext}" --anchor "${FLASHEXT_AB_ANCHOR:-sdpa_flash}")
+  $PY benchmarks/compare_ab.py "$OUT/a1.json" "$OUT/b1.json" "${compare[@]}" | tail -2
+  $PY benchmarks/compare_ab.py "$OUT/a2.json" "$OUT/b2.json" "${compare[@]}" | tail -2
 }
 
 for step in "${steps[@]}"; do
