@@ -1,18 +1,15 @@
-// flashext FlashAttention forward on Hopper (sm_90a), version 2: the structure of the plan in
-// docs/notes/attention.md ("Plan for the Hopper forward"), with the overlap inside a warpgroup and
-// not yet the ping-pong between warpgroups. Not yet dispatched to (flash_fwd_sm90.h says what
-// checks and times it).
+// flashext FlashAttention forward on Hopper (sm_90a), version 1: the structure of the plan in
+// docs/notes/attention.md ("Plan for the Hopper forward") without its overlaps yet. Not yet
+// dispatched to (flash_fwd_sm90.h says what checks and times it).
 //
 // D = 128, dense batch (no varlen), fp16 / bf16. A CTA per (query block of 128 rows, head, batch):
 // warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1 and 2 consume 64 query
 // rows each. Q and two stages of K and V (128 keys each) live in shared memory as 64-column slabs
-// with the 128-byte swizzle (TMA writes them so; wgmma reads them so). K and V have full barriers
-// of their own (one arrival plus the tile's bytes); the empty barrier takes one arrival per
-// consumer warpgroup. Per key block j, each consumer issues S_j = Q K_jᵀ (wgmma SS, m64n128: all
-// 128 keys per instruction) and then O += P_{j-1} V_{j-1} (wgmma RS m64n128: P from registers, V
-// read MN-major as stored), waits for S_j alone, runs S_j's online softmax while that P V runs,
-// then waits for it, releases stage j − 1 and rescales O. P lives in two register sets that swap
-// roles, one read by the P V in flight while the softmax writes the other.
+// with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
+// S = Q Kᵀ (wgmma SS, m64n128: all 128 keys per instruction), the online softmax in registers,
+// O += P V (wgmma RS m64n128: P from registers, V read MN-major as stored), then releases the
+// stage. K and V have full barriers of their own (one arrival plus the tile's bytes), so S starts
+// while V still lands; the empty barrier takes one arrival per consumer warpgroup.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -135,72 +132,58 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int e = 0; e < 64; ++e) acc_o[e] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
+  if (num_n_blocks > 0) sm90::mbarrier_wait(q_full, 0);
   // Q's descriptors: slab s, this warpgroup's 64 rows (64 · 128 bytes in).
   const uint64_t desc_q0 = sm90::smem_descriptor(reinterpret_cast<unsigned char*>(smem_q) + 64 * 128 * c, 16, 1024);
-  float s[64];  // S of the key block in hand
-  // P of two blocks in turn, [n8 tile][row r] (this thread's column pair): one read by the P V in
-  // flight, the other written by the softmax meanwhile (swapping roles, never copied).
-  uint32_t p_a[16][2], p_b[16][2];
+  for (int it = 0; it < num_n_blocks; ++it) {
+    const int stage = it % kStages, n_start = n_lo + it * kBlockN;
+    const int phase = (it / kStages) & 1;
+    sm90::mbarrier_wait(&k_full[stage], phase);
+    const unsigned char* k_tile = reinterpret_cast<const unsigned char*>(smem_k) + stage * kTileBytes;
+    const unsigned char* v_tile = reinterpret_cast<const unsigned char*>(smem_v) + stage * kTileBytes;
 
-  // S = Q Kᵀ of the stage's K over all 128 keys (rows of every slab), issued and committed; a
-  // head-dim k16 step kk is slab kk / 4, 32 bytes × (kk % 4) in. (Callers fence first.)
-  const auto issue_s = [&](int stage) {
-    const uint64_t desc_k0 =
-        sm90::smem_descriptor(reinterpret_cast<const unsigned char*>(smem_k) + stage * kTileBytes, 16, 1024);
+    // S = Q Kᵀ over all 128 keys (rows of every slab); head-dim k16 step kk is slab kk / 4, 32
+    // bytes × (kk % 4) in.
+    float s[64];
+    const uint64_t desc_k0 = sm90::smem_descriptor(k_tile, 16, 1024);
+    sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint64_t step = uint64_t((kk / 4) * (kSlabBytes >> 4) + 2 * (kk % 4));
       sm90::wgmma_m64n128k16_ss<T, 0>(s, desc_q0 + step, desc_k0 + step, kk > 0);
     }
     sm90::wgmma_commit();
-  };
-  // O += P V of the stage's V with P = p_in: key k16 step kk is n8 tiles 2 kk and 2 kk + 1 of P (the
-  // A fragment: rows r, r + 8 × keys 0-7, 8-15); V is MN-major, dims 64 h + [0, 64) in slab h (the
-  // descriptor's leading offset: a slab), a k16 step 16 keys × 128 bytes in. Issued and committed.
-  const auto issue_pv = [&](int stage, const uint32_t(&p_in)[16][2]) {
-    const uint64_t desc_v0 =
-        sm90::smem_descriptor(reinterpret_cast<const unsigned char*>(smem_v) + stage * kTileBytes, kSlabBytes, 1024);
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(s);
+
+    // Soft-cap, then the mask where the block crosses a boundary. Element 4 i + e: row row0 + 8 ·
+    // (e / 2), key n_start + 8 i + 2 quad + e % 2 (n8 tile i of 16).
+    if (softcap_on) {  // (a uniform branch around the loop, not one per score)
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {p_in[2 * kk][0], p_in[2 * kk][1], p_in[2 * kk + 1][0], p_in[2 * kk + 1][1]};
-      sm90::wgmma_m64n128k16_rs<T, 1>(acc_o, a, desc_v0 + uint64_t(128 * kk), 1);
+      for (int e = 0; e < 64; ++e) s[e] = p.softcap * tanhf(s[e] * cap_scale);
     }
-    sm90::wgmma_commit();
-  };
-  // Soft-cap and mask S (element 4 i + e: row row0 + 8 · (e / 2), key n_start + 8 i + 2 quad + e % 2),
-  // then the online softmax per row (its 4 owners are one lane quad) into p_out; P rounded to T
-  // and summed as rounded, so a row's weights add up to 1 whatever the rounding. Returns in alpha
-  // the factors O must be rescaled by once the P V in flight is done. A register a wgmma wrote may
-  // not be redefined while another wgmma group is in flight (ptxas would serialise every wgmma of
-  // the kernel), so a block that rewrites S (the soft-cap; the mask of a block crossing a
-  // boundary: the diagonal, the tails) first waits for the P V: only full blocks overlap.
-  const auto softmax = [&](int n_start, float (&alpha)[2], uint32_t(&p_out)[16][2]) {
     const bool full_block = n_start + kBlockN <= seqlen_k &&
                             (p.window_right < 0 || n_start + kBlockN - 1 <= m_start + diag + p.window_right) &&
                             (p.window_left < 0 || n_start >= m_last + diag - p.window_left);
-    if (softcap_on || !full_block) {  // (uniform branches around the loops, not one per score)
-      sm90::wgmma_wait<0>();
-      sm90::fence_operands(acc_o);
-      if (softcap_on) {
+    if (!full_block) {
 #pragma unroll
-        for (int e = 0; e < 64; ++e) s[e] = p.softcap * tanhf(s[e] * cap_scale);
-      }
-      if (!full_block) {
+      for (int r = 0; r < 2; ++r) {
+        const int row = m_start + row0 + 8 * r;
+        const int right = p.window_right < 0 ? seqlen_k : min(seqlen_k, row + diag + p.window_right + 1);
+        const int left = p.window_left < 0 ? INT32_MIN : row + diag - p.window_left;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = m_start + row0 + 8 * r;
-          const int right = p.window_right < 0 ? seqlen_k : min(seqlen_k, row + diag + p.window_right + 1);
-          const int left = p.window_left < 0 ? INT32_MIN : row + diag - p.window_left;
+        for (int i = 0; i < 16; ++i)
 #pragma unroll
-          for (int i = 0; i < 16; ++i)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int key = n_start + 8 * i + 2 * quad + e;
-              if (key >= right || key < left) s[4 * i + 2 * r + e] = -INFINITY;
-            }
-        }
+          for (int e = 0; e < 2; ++e) {
+            const int key = n_start + 8 * i + 2 * quad + e;
+            if (key >= right || key < left) s[4 * i + 2 * r + e] = -INFINITY;
+          }
       }
     }
+
+    // Online softmax per row (its 4 owners are one lane quad); P rounded to T and summed as rounded,
+    // so a row's weights add up to 1 whatever the rounding. O is rescaled before P V adds to it.
+    uint32_t p16[16][2];  // [n8 tile][row r]: the pair of this thread's columns
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float tile_max = -INFINITY;
@@ -209,91 +192,46 @@ __global__ void __launch_bounds__(kThreads, 1)
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[r], tile_max);
-      alpha[r] = rescale_factor(row_max[r], new_max, score_scale);
+      const float alpha = rescale_factor(row_max[r], new_max, score_scale);
       const float base_max = safe_row_max(new_max) * score_scale;
       float tile_sum = 0.0f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         const uint32_t pair = pack<T>(ptx::exp2_approx(fmaf(s[4 * i + 2 * r], score_scale, -base_max)),
                                       ptx::exp2_approx(fmaf(s[4 * i + 2 * r + 1], score_scale, -base_max)));
-        p_out[i][r] = pair;
+        p16[i][r] = pair;
         const T* halves = reinterpret_cast<const T*>(&pair);
         tile_sum += to_float(halves[0]) + to_float(halves[1]);
       }
-      row_sum[r] = row_sum[r] * alpha[r] + tile_sum;
+      row_sum[r] = row_sum[r] * alpha + tile_sum;
       row_max[r] = new_max;
-    }
-  };
-  const auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      acc_o[4 * i] *= alpha[0];
-      acc_o[4 * i + 1] *= alpha[0];
-      acc_o[4 * i + 2] *= alpha[1];
-      acc_o[4 * i + 3] *= alpha[1];
+      for (int i = 0; i < 16; ++i) {
+        acc_o[4 * i + 2 * r] *= alpha;
+        acc_o[4 * i + 2 * r + 1] *= alpha;
+      }
     }
-  };
-  const auto release = [&](int stage) {  // the warpgroup's GEMMs on the stage are done (wgmma is
-    if (threadIdx.x % 128 == 0) sm90::mbarrier_arrive(&empty[stage]);  // collective: every warp issued them)
-  };
 
-  // Block j's S is issued before block j − 1's P V, and its softmax runs while that P V does: the
-  // tensor cores have the next GEMM while the warpgroup computes exponents.
-  const auto pin = [&](uint32_t(&p16)[16][2]) {
+    // O += P V: key k16 step kk is n8 tiles 2 kk and 2 kk + 1 of P (the A fragment: rows r, r + 8
+    // × keys 0-7, 8-15); V is MN-major, dims 64 h + [0, 64) in slab h (the descriptor's leading
+    // offset: a slab), a k16 step 16 keys × 128 bytes in. (The rescaled O and the packed P are
+    // pinned before the fence.)
+    sm90::fence_operands(acc_o);
 #pragma unroll
     for (int i = 0; i < 16; ++i) sm90::fence_operands(p16[i]);
-  };
-  float alpha[2];
-  // Block it: S_it issued beside P_{it-1} V_{it-1} (P from p_in), S_it's softmax into p_out.
-  const auto step = [&](int it, uint32_t(&p_in)[16][2], uint32_t(&p_out)[16][2]) {
-    const int stage = it % kStages, prev = (it - 1) % kStages;
-    sm90::fence_operands(acc_o);
-    pin(p_in);
-    sm90::mbarrier_wait(&k_full[stage], (it / kStages) & 1);
-    sm90::mbarrier_wait(&v_full[prev], ((it - 1) / kStages) & 1);  // (V landed with block it − 1's K)
+    sm90::mbarrier_wait(&v_full[stage], phase);
+    const uint64_t desc_v0 = sm90::smem_descriptor(v_tile, kSlabBytes, 1024);
     sm90::wgmma_fence();
-    issue_s(stage);
-    issue_pv(prev, p_in);
-    sm90::wgmma_wait<1>();  // S is in (groups complete in order); P V still runs
-    sm90::fence_operands(s);
-    softmax(n_lo + it * kBlockN, alpha, p_out);
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(acc_o);
-    pin(p_in);  // (its registers stay P until its P V is done)
-    release(prev);
-    rescale_o(alpha);
-  };
-  const auto last_pv = [&](uint32_t(&p_in)[16][2]) {
-    const int last = (num_n_blocks - 1) % kStages;
-    sm90::fence_operands(acc_o);
-    pin(p_in);
-    sm90::mbarrier_wait(&v_full[last], ((num_n_blocks - 1) / kStages) & 1);
-    sm90::wgmma_fence();
-    issue_pv(last, p_in);
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(acc_o);
-    pin(p_in);
-    release(last);
-  };
-  if (num_n_blocks > 0) {
-    sm90::mbarrier_wait(q_full, 0);
-    sm90::mbarrier_wait(&k_full[0], 0);
-    sm90::wgmma_fence();
-    issue_s(0);
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(s);
-    softmax(n_lo, alpha, p_a);  // (O is 0: nothing to rescale)
-    int it = 1;
-    for (; it + 1 < num_n_blocks; it += 2) {
-      step(it, p_a, p_b);
-      step(it + 1, p_b, p_a);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t a[4] = {p16[2 * kk][0], p16[2 * kk][1], p16[2 * kk + 1][0], p16[2 * kk + 1][1]};
+      sm90::wgmma_m64n128k16_rs<T, 1>(acc_o, a, desc_v0 + uint64_t(128 * kk), 1);
     }
-    if (it < num_n_blocks) {  // one block left: its S's P lands in p_b
-      step(it, p_a, p_b);
-      last_pv(p_b);
-    } else {
-      last_pv(p_a);
-    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(acc_o);
+    // The warpgroup's GEMMs on this stage are done (wgmma is collective: every warp issued them).
+    if (threadIdx.x % 128 == 0) sm90::mbarrier_arrive(&empty[stage]);
   }
 
   // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse.

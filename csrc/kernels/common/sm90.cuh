@@ -137,6 +137,16 @@ FX_DEVICE void setmaxnreg_dec() {
 #endif
 }
 
+// ---- named barriers (§9.7.13.1 bar / barrier): ids 1-15 (0 is __syncthreads'), a thread count
+// that is a multiple of 32. sync waits until `count` threads have arrived (itself included);
+// arrive counts this thread and goes on.
+FX_DEVICE void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+FX_DEVICE void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // ---- wgmma (§9.7.15) -----------------------------------------------------------------------
 // Shared-memory matrix descriptor (§9.7.15.5.1) of a tile with the 128-byte swizzle: start address
 // >> 4 in bits 0-13, leading byte offset >> 4 in 16-29, stride byte offset >> 4 in 32-45, swizzle
