@@ -21,6 +21,7 @@
 #   pytest_each  pytest once per test file, each in its own process (a fault in one file cannot
 #             fail the others), FLASHEXT_PYTEST_JOBS at a time (default 4; logs in $OUT/pytest/),
 #             FLASHEXT_PYTEST_TIMEOUT seconds each (default 300); the ptx step runs its tests so too
+#             (and rebuilds the default archs after, unless FLASHEXT_PTX_RESTORE=0)
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
 #   FLASHEXT_PROFILE_BWD=1  profile the backward's main kernels instead of the forward
@@ -171,7 +172,8 @@ assert i['device_supported'] and i['ptx'], i" || return 1
   pytest_files -m "not large"
   local rc=$?
   cpp_build build/cpp_ptx "$archs" && ctest --test-dir build/cpp_ptx --output-on-failure --timeout 300 || rc=1
-  build >/dev/null
+  # back to the default archs for the steps after (FLASHEXT_PTX_RESTORE=0 when ptx is the last)
+  [ "${FLASHEXT_PTX_RESTORE:-1}" = 1 ] && build >/dev/null
   return $rc
 }
 
