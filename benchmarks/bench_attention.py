@@ -361,7 +361,7 @@ def plot(payload, path):
 
     section = "fwd" if any(r["section"] == "fwd" for r in payload["rows"]) else "train"
     dtype, key = ("fp16", "tflops") if section == "fwd" else ("bf16", "fwd_bwd_tflops")
-    names = (["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_efficient", "flex_attention"]
+    names = (["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_efficient", "flex_attention", "flashext_sm90"]
              if section == "fwd" else ["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_default"])
     head_dims = sorted({r["head_dim"] for r in payload["rows"] if r["section"] == section})
     fig, axes = plt.subplots(len(head_dims), 2, figsize=(13, 4 * len(head_dims)), squeeze=False, sharey=True)

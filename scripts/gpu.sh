@@ -194,7 +194,8 @@ ab() {
     local dir=$ROOT
     [ "${run:0:1}" = b ] && dir=$b
     rm -rf /tmp/flashext_ab_$run
-    (cd "$dir" && OUT=/tmp/flashext_ab_$run $PY benchmarks/bench_attention.py --only "$section" | grep "vs ") || return 1
+    (cd "$dir" && OUT=/tmp/flashext_ab_$run $PY benchmarks/bench_attention.py --only "$section" | { grep "vs " || true; }) ||
+      return 1
     cp /tmp/flashext_ab_$run/attention*.json "$OUT/$run.json"
   done
   local compare=(--ours "${FLASHEXT_AB_OURS:-flashext}" --anchor "${FLASHEXT_AB_ANCHOR:-sdpa_flash}")
