@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/divmod.h"
 #include "common.h"
 #include "flashext/attention.h"
 
@@ -174,6 +175,33 @@ TYPED_TEST(FlashDecodeKernel, AgainstCpuReference) {
   run_case<TypeParam>({2, 1, 4, 4, 256, 100, 1, {0, 98}, 1, 3});                     // page size 1, D 256
   run_case<TypeParam>({2, 5, 8, 2, 64, 150, 3, {16, 140}, 17, 7, true});             // page size 17
   run_case<TypeParam>({1, 1, 32, 1, 128, 1000, 1, {999}, 64, 5});                    // MQA 32, full cache
+}
+
+// The decode kernel's page arithmetic: FastDivmod against / and % on the CPU, for page sizes 1 to
+// 2^20 (powers of two, their neighbours, odd and random ones) and dividends from 0 to 2^31 − 1.
+TEST(FastDivmod, MatchesIntegerDivision) {
+  std::mt19937 rng(2026);
+  std::vector<int> divisors;
+  for (int k = 0; k <= 20; ++k) {
+    for (int d : {(1 << k) - 1, 1 << k, (1 << k) + 1}) {
+      if (d >= 1) divisors.push_back(d);
+    }
+  }
+  for (int i = 0; i < 200; ++i) divisors.push_back(1 + int(rng() % 100000));
+  for (int d : {3, 7, 17, 257, 1000, 65535}) divisors.push_back(d);
+  std::vector<int> dividends = {0, 1, 2, 15, 16, 17, 255, 256, 257, 65535, 65536, 1 << 29, (1 << 30) - 1, INT32_MAX,
+                                INT32_MAX - 1};
+  for (int i = 0; i < 2000; ++i) dividends.push_back(int(rng() & 0x7fffffffu));
+  for (int d : divisors) {
+    const flashext::FastDivmod fast(d);
+    for (int n : dividends) {
+      int q = -1, r = -1;
+      fast.divmod(n, q, r);
+      ASSERT_EQ(q, n / d) << n << " / " << d;
+      ASSERT_EQ(r, n % d) << n << " % " << d;
+    }
+    for (int n = 0; n < 3 * d && n < 100000; ++n) ASSERT_EQ(fast.div(n), n / d) << n << " / " << d;
+  }
 }
 
 }  // namespace

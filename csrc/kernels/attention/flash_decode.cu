@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "../common/device.h"
+#include "../common/divmod.h"
 #include "../common/online_softmax.h"
 #include "../common/ptx.cuh"
 #include "../common/vec.cuh"
@@ -111,15 +112,19 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
   constexpr int kCopyRows = kBlockN / (Config::kThreads / Config::kChunks), kCopyStep = kBlockN / kCopyRows;
   const int copy_row0 = threadIdx.x / Config::kChunks;
   const bool paged = p.block_table != nullptr;
+  // t / page_size and t % page_size by a multiply (the run-time division costs ~20 instructions a
+  // row, and every thread splits kCopyRows rows per tile); the magic numbers once per thread.
+  const FastDivmod page_div(paged ? p.page_size : 1);
   int page[kCopyRows], page_row[kCopyRows];
   const auto fetch_pages = [&](int n) {
     if (!paged) return;
 #pragma unroll
     for (int i = 0; i < kCopyRows; ++i) {
       const int t = min(n + copy_row0 + i * kCopyStep, n_hi - 1);  // (rows past the range: not copied)
-      const int slot = t / p.page_size;
-      page[i] = p.block_table[int64_t(b) * p.block_table_stride + slot];  // clamped where used: nothing
-      page_row[i] = t - slot * p.page_size;                                // waits on this load until then
+      int slot;
+      page_div.divmod(t, slot, page_row[i]);
+      // (clamped where used: nothing waits on this load until then)
+      page[i] = p.block_table[int64_t(b) * p.block_table_stride + slot];
     }
   };
   const auto kv_row = [&](int t, int i, int64_t page_stride, int64_t row_stride) {
