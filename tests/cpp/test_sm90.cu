@@ -22,6 +22,7 @@ using flashext_test::DeviceBuffer;
 using flashext_test::to_float;
 
 constexpr int kTile = 64;  // rows, columns and depth of every tile here
+constexpr int kWide = 128;  // the n128 forms' N (S over 128 keys; O over two 64-column V slabs)
 
 __global__ void probe_sm90(int* out) { *out = flashext::sm90::enabled() ? 1 : 0; }
 
@@ -36,39 +37,47 @@ bool sm90_available() {
   return flashext_test::download<int>(flag.get(), 1)[0] == 1;
 }
 
-// The fp32 accumulator of one warpgroup's 64 × 64 wgmma into row-major c: thread t of warp w holds
-// rows 16 w + t / 4 (+ 8), columns 8 i + 2 (t % 4) + {0, 1} of n8 tile i, as mma.sync's C.
-__device__ void store_accumulator(const float (&d)[32], float* c) {
+// The fp32 accumulator of one warpgroup's 64 × kN wgmma into row-major c of kN columns: thread t
+// of warp w holds rows 16 w + t / 4 (+ 8), columns 8 i + 2 (t % 4) + {0, 1} of n8 tile i at
+// d[4 i .. 4 i + 3], as mma.sync's C.
+template <int kN>
+__device__ void store_accumulator(const float (&d)[kN / 2], float* c) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < kN / 8; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int row = 16 * warp + lane / 4 + 8 * (j / 2), col = 8 * i + 2 * (lane % 4) + j % 2;
-      c[row * kTile + col] = d[4 * i + j];
+      c[row * kN + col] = d[4 * i + j];
     }
 }
 
-// The same for a 64 × 128 accumulator (64 per thread, n8 tile i at d[4 i .. 4 i + 3]) into
-// row-major c of 128 columns.
-__device__ void store_accumulator_wide(const float (&d)[64], float* c) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int i = 0; i < 16; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int row = 16 * warp + lane / 4 + 8 * (j / 2), col = 8 * i + 2 * (lane % 4) + j % 2;
-      c[row * 128 + col] = d[4 * i + j];
-    }
+// The m64nNk16 forms the kernels use, N = 64 or 128.
+template <typename T, int kN, int kTransB>
+__device__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  if constexpr (kN == 64) {
+    flashext::sm90::wgmma_m64n64k16_ss<T, kTransB>(d, desc_a, desc_b, scale_d);
+  } else {
+    flashext::sm90::wgmma_m64n128k16_ss<T, kTransB>(d, desc_a, desc_b, scale_d);
+  }
+}
+template <typename T, int kN, int kTransB>
+__device__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  if constexpr (kN == 64) {
+    flashext::sm90::wgmma_m64n64k16_rs<T, kTransB>(d, a, desc_b, scale_d);
+  } else {
+    flashext::sm90::wgmma_m64n128k16_rs<T, kTransB>(d, a, desc_b, scale_d);
+  }
 }
 
-// s = q kᵀ: q and k row-major 64 × 64 (rows × depth), both loaded by TMA.
-template <typename T>
+// s = q kᵀ: q row-major 64 × 64 (rows × depth), k kN × 64 (keys × depth: one slab of kN rows), both
+// loaded by TMA.
+template <typename T, int kN>
 __global__ void __launch_bounds__(128) qk_kernel(const __grid_constant__ CUtensorMap map_q,
                                                  const __grid_constant__ CUtensorMap map_k, float* s) {
   namespace sm90 = flashext::sm90;
   __shared__ __align__(1024) T q[kTile * kTile];
-  __shared__ __align__(1024) T k[kTile * kTile];
+  __shared__ __align__(1024) T k[kN * kTile];
   __shared__ uint64_t bar;
   if (threadIdx.x == 0) {
     sm90::mbarrier_init(&bar, 1);
@@ -76,32 +85,31 @@ __global__ void __launch_bounds__(128) qk_kernel(const __grid_constant__ CUtenso
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    sm90::mbarrier_arrive_expect_tx(&bar, 2 * kTile * kTile * sizeof(T));
+    sm90::mbarrier_arrive_expect_tx(&bar, (kTile + kN) * kTile * sizeof(T));
     sm90::tma_load_2d(q, &map_q, &bar, 0, 0);
     sm90::tma_load_2d(k, &map_k, &bar, 0, 0);
   }
   sm90::mbarrier_wait(&bar, 0);
-  float d[32];
+  float d[kN / 2];
   // K-major, 128-byte swizzle: stride 1024 B between 8-row groups; a k16 step is 32 bytes further
   // along the row (+2 in the descriptor's address field).
   const uint64_t desc_q = sm90::smem_descriptor(q, 16, 1024), desc_k = sm90::smem_descriptor(k, 16, 1024);
   sm90::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) {
-    sm90::wgmma_m64n64k16_ss<T, 0>(d, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
-  }
+  for (int kk = 0; kk < kTile / 16; ++kk) wgmma_ss<T, kN, 0>(d, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
   sm90::fence_operands(d);
-  store_accumulator(d, s);
+  store_accumulator<kN>(d, s);
 }
 
-// o = p v: p row-major 64 × 64 (rows × keys) read into registers, v row-major 64 × 64 (keys × dims)
-// loaded by TMA and read MN-major (trans-b).
-template <typename T>
+// o = p v: p row-major 64 × 64 (rows × keys) read into registers, v row-major 64 × kN (keys × dims)
+// loaded by TMA as kN / 64 slabs of 64 columns and read MN-major (trans-b; the descriptor's
+// leading offset is the distance between slabs).
+template <typename T, int kN>
 __global__ void __launch_bounds__(128) pv_kernel(const T* p, const __grid_constant__ CUtensorMap map_v, float* o) {
   namespace sm90 = flashext::sm90;
-  __shared__ __align__(1024) T v[kTile * kTile];
+  __shared__ __align__(1024) T v[kTile * kN];  // slab h: dims 64 h + [0, 64) of the 64 keys
   __shared__ uint64_t bar;
   if (threadIdx.x == 0) {
     sm90::mbarrier_init(&bar, 1);
@@ -109,8 +117,8 @@ __global__ void __launch_bounds__(128) pv_kernel(const T* p, const __grid_consta
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    sm90::mbarrier_arrive_expect_tx(&bar, kTile * kTile * sizeof(T));
-    sm90::tma_load_2d(v, &map_v, &bar, 0, 0);
+    sm90::mbarrier_arrive_expect_tx(&bar, kTile * kN * sizeof(T));
+    for (int h = 0; h < kN / kTile; ++h) sm90::tma_load_2d(v + h * kTile * kTile, &map_v, &bar, kTile * h, 0);
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = 16 * warp + lane / 4, col = 2 * (lane % 4);
@@ -129,100 +137,19 @@ __global__ void __launch_bounds__(128) pv_kernel(const T* p, const __grid_consta
     a[kk][3] = pair(row + 8, 16 * kk + 8 + col);
   }
   sm90::mbarrier_wait(&bar, 0);
-  float d[32];
-  // MN-major, 128-byte swizzle: leading offset (between 64-column slabs) unused with one slab,
-  // stride 1024 B between 8-key groups; a k16 step is 16 keys = 2048 bytes (+128).
+  float d[kN / 2];
+  // MN-major, 128-byte swizzle: leading offset = one slab's bytes (64 keys × 128 B), stride 1024 B
+  // between 8-key groups; a k16 step is 16 keys = 2048 bytes (+128).
   const uint64_t desc_v = sm90::smem_descriptor(v, kTile * 128, 1024);
 #pragma unroll
   for (int kk = 0; kk < kTile / 16; ++kk) sm90::fence_operands(a[kk]);
   sm90::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) sm90::wgmma_m64n64k16_rs<T, 1>(d, a[kk], desc_v + 128 * kk, kk > 0);
+  for (int kk = 0; kk < kTile / 16; ++kk) wgmma_rs<T, kN, 1>(d, a[kk], desc_v + 128 * kk, kk > 0);
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
   sm90::fence_operands(d);
-  store_accumulator(d, o);
-}
-
-// The n128 forms: s = q kᵀ with k 128 × 64 (keys × depth: one 128-row slab), and o = p v with v
-// 64 × 128 (keys × dims) held as two 64-column slabs (the descriptor's leading offset between
-// them), as the attention kernel holds its tiles.
-constexpr int kWide = 128;
-
-template <typename T>
-__global__ void __launch_bounds__(128) qk_wide_kernel(const __grid_constant__ CUtensorMap map_q,
-                                                      const __grid_constant__ CUtensorMap map_k, float* s) {
-  namespace sm90 = flashext::sm90;
-  __shared__ __align__(1024) T q[kTile * kTile];
-  __shared__ __align__(1024) T k[kWide * kTile];
-  __shared__ uint64_t bar;
-  if (threadIdx.x == 0) {
-    sm90::mbarrier_init(&bar, 1);
-    sm90::fence_barrier_init();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    sm90::mbarrier_arrive_expect_tx(&bar, (kTile + kWide) * kTile * sizeof(T));
-    sm90::tma_load_2d(q, &map_q, &bar, 0, 0);
-    sm90::tma_load_2d(k, &map_k, &bar, 0, 0);
-  }
-  sm90::mbarrier_wait(&bar, 0);
-  float d[64];
-  const uint64_t desc_q = sm90::smem_descriptor(q, 16, 1024), desc_k = sm90::smem_descriptor(k, 16, 1024);
-  sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) {
-    sm90::wgmma_m64n128k16_ss<T, 0>(d, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
-  }
-  sm90::wgmma_commit();
-  sm90::wgmma_wait<0>();
-  sm90::fence_operands(d);
-  store_accumulator_wide(d, s);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(128) pv_wide_kernel(const T* p, const __grid_constant__ CUtensorMap map_v,
-                                                      float* o) {
-  namespace sm90 = flashext::sm90;
-  __shared__ __align__(1024) T v[kTile * kWide];  // slab h: dims 64 h + [0, 64) of the 64 keys
-  __shared__ uint64_t bar;
-  if (threadIdx.x == 0) {
-    sm90::mbarrier_init(&bar, 1);
-    sm90::fence_barrier_init();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    sm90::mbarrier_arrive_expect_tx(&bar, kTile * kWide * sizeof(T));
-    sm90::tma_load_2d(v, &map_v, &bar, 0, 0);
-    sm90::tma_load_2d(v + kTile * kTile, &map_v, &bar, kTile, 0);
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = 16 * warp + lane / 4, col = 2 * (lane % 4);
-  const auto pair = [&](int r, int c) {
-    const uint16_t lo = reinterpret_cast<const uint16_t*>(p)[r * kTile + c];
-    const uint16_t hi = reinterpret_cast<const uint16_t*>(p)[r * kTile + c + 1];
-    return uint32_t(lo) | (uint32_t(hi) << 16);
-  };
-  uint32_t a[kTile / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) {
-    a[kk][0] = pair(row, 16 * kk + col);
-    a[kk][1] = pair(row + 8, 16 * kk + col);
-    a[kk][2] = pair(row, 16 * kk + 8 + col);
-    a[kk][3] = pair(row + 8, 16 * kk + 8 + col);
-  }
-  sm90::mbarrier_wait(&bar, 0);
-  float d[64];
-  const uint64_t desc_v = sm90::smem_descriptor(v, kTile * 128, 1024);  // leading: one slab's bytes
-#pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) sm90::fence_operands(a[kk]);
-  sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) sm90::wgmma_m64n128k16_rs<T, 1>(d, a[kk], desc_v + 128 * kk, kk > 0);
-  sm90::wgmma_commit();
-  sm90::wgmma_wait<0>();
-  sm90::fence_operands(d);
-  store_accumulator_wide(d, o);
+  store_accumulator<kN>(d, o);
 }
 
 template <typename T>
@@ -282,7 +209,7 @@ TYPED_TEST(Sm90Primitives, TmaAndWgmmaQKt) {
   if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
   using T = TypeParam;
   check_tile_product<T>(90, true, "s", [](const DeviceBuffer& q, const DeviceBuffer& k, const DeviceBuffer& s) {
-    qk_kernel<T><<<1, 128>>>(tile_map<T>(q), tile_map<T>(k), s.at<float>());
+    qk_kernel<T, kTile><<<1, 128>>>(tile_map<T>(q), tile_map<T>(k), s.at<float>());
   });
 }
 
@@ -291,7 +218,7 @@ TYPED_TEST(Sm90Primitives, WgmmaPVFromRegisters) {
   if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
   using T = TypeParam;
   check_tile_product<T>(91, false, "o", [](const DeviceBuffer& p, const DeviceBuffer& v, const DeviceBuffer& o) {
-    pv_kernel<T><<<1, 128>>>(p.at<T>(), tile_map<T>(v), o.at<float>());
+    pv_kernel<T, kTile><<<1, 128>>>(p.at<T>(), tile_map<T>(v), o.at<float>());
   });
 }
 
@@ -300,7 +227,7 @@ TYPED_TEST(Sm90Primitives, WgmmaN128QKt) {
   if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
   using T = TypeParam;
   check_tile_product<T>(92, true, "s", [](const DeviceBuffer& q, const DeviceBuffer& k, const DeviceBuffer& s) {
-    qk_wide_kernel<T><<<1, 128>>>(tile_map<T>(q), matrix_map<T>(k, kWide, kTile, kWide), s.at<float>());
+    qk_kernel<T, kWide><<<1, 128>>>(tile_map<T>(q), matrix_map<T>(k, kWide, kTile, kWide), s.at<float>());
   }, kWide);
 }
 
@@ -309,7 +236,7 @@ TYPED_TEST(Sm90Primitives, WgmmaN128PVAcrossTwoSlabs) {
   if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
   using T = TypeParam;
   check_tile_product<T>(93, false, "o", [](const DeviceBuffer& p, const DeviceBuffer& v, const DeviceBuffer& o) {
-    pv_wide_kernel<T><<<1, 128>>>(p.at<T>(), matrix_map<T>(v, kTile, kWide, kTile), o.at<float>());
+    pv_kernel<T, kWide><<<1, 128>>>(p.at<T>(), matrix_map<T>(v, kTile, kWide, kTile), o.at<float>());
   }, kWide);
 }
 
