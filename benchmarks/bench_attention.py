@@ -209,12 +209,12 @@ def section_train(rows, quick: bool):
                         row["triton_twin"] = {"valid": all(judge("twin", one(x), w, b, factor=GRADIENT_FACTOR).ok
                                                            for x, w, b in zip(g, want, base))}
 
-                        def twin_fwd_bwd():
+                        def twin_fwd_bwd(q=q, k=k, v=v, dout=dout):
                             o, lse = twin.flash_attention(q, k, v, causal=causal)
                             return twin.flash_attention_backward(dout, q, k, v, o, lse, causal=causal)
                         fwd_bwd["triton_twin"] = twin_fwd_bwd
-                        bwd["triton_twin"] = lambda: twin.flash_attention_backward(dout, q, k, v, out_t, lse_t,
-                                                                                   causal=causal)
+                        bwd["triton_twin"] = lambda q=q, k=k, v=v, dout=dout: twin.flash_attention_backward(
+                            dout, q, k, v, out_t, lse_t, causal=causal)
                     for label, fns, flops in (("fwd_bwd", fwd_bwd, 3.5 * flops_fwd), ("bwd", bwd, 2.5 * flops_fwd)):
                         # fewer calls per round than fwd: five implementations, two timings, 72 points
                         for name, (ms, times) in bench_rounds(fns, warmup=2, rep=5).items():
