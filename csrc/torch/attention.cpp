@@ -265,8 +265,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, c
   if (is_meta(q_in) || out.numel() == 0) return {out, lse};
   const c10::cuda::CUDAGuard guard(q_in.device());
   int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q_in.get_device());
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q_in.get_device());
+  device_capability(q_in.get_device(), &major, &minor);
   FX_CHECK(flashext::flash_fwd_sm90_supported(major, minor), kSm90, ": needs an sm_90 GPU and a build with sm_90a ",
            "code; this is compute capability ", major, ".", minor, " and the build holds '",
            flashext::compiled_cuda_archs(), "'");

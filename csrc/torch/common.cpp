@@ -9,19 +9,28 @@
 
 namespace flashext_torch {
 
+void device_capability(int device, int* major, int* minor) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> cache{};  // 0 unknown, else 10 · major + minor + 1
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  int known = cacheable ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (known == 0) {
+    *major = *minor = 0;
+    cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device);
+    known = 10 * *major + *minor + 1;
+    if (cacheable && *major > 0) cache[device].store(known, std::memory_order_relaxed);
+  }
+  *major = (known - 1) / 10;
+  *minor = (known - 1) % 10;
+}
+
 namespace {
 
-// Whether this build holds kernels for `device`: queried once per device, then cached.
+// Whether this build holds kernels for `device`.
 bool device_supported(int device, int* major, int* minor) {
-  constexpr int kMaxDevices = 64;
-  static std::array<std::atomic<int>, kMaxDevices> cache{};  // 0 unknown, 1 yes, 2 no
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable && cache[device].load(std::memory_order_relaxed) == 1) return true;
-  cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, device);
-  const bool ok = flashext::arch_supported(flashext::compiled_cuda_archs(), *major, *minor);
-  if (cacheable) cache[device].store(ok ? 1 : 2, std::memory_order_relaxed);
-  return ok;
+  device_capability(device, major, minor);
+  return flashext::arch_supported(flashext::compiled_cuda_archs(), *major, *minor);
 }
 
 }  // namespace

@@ -57,6 +57,10 @@ template <typename... Pieces>
 // comparison becomes a guard).
 inline bool is_meta(const at::Tensor& t) { return t.is_meta(); }
 
+// The compute capability of a CUDA device, queried once per device, then cached (no driver call
+// on the hot path).
+void device_capability(int device, int* major, int* minor);
+
 // `t` is defined and, unless it is a meta tensor, on a CUDA device this build holds kernels for.
 void check_cuda_tensor(const char* fn, const at::Tensor& t, const char* name);
 
