@@ -157,12 +157,19 @@ class Sm90Primitives : public ::testing::Test {};
 using Types = ::testing::Types<__half, __nv_bfloat16>;
 TYPED_TEST_SUITE(Sm90Primitives, Types);
 
+// A 2-D map of a row-major rows × cols matrix, boxes of box_rows × 64.
 template <typename T>
-CUtensorMap tile_map(const DeviceBuffer& buffer) {
+CUtensorMap matrix_map(const DeviceBuffer& buffer, int rows, int cols, int box_rows) {
   CUtensorMap map;
-  EXPECT_EQ(flashext::make_tma_2d_swizzle128(&map, buffer.get(), 2, kTile, kTile, kTile * sizeof(T), kTile, kTile),
+  EXPECT_EQ(flashext::make_tma_2d_swizzle128(&map, buffer.get(), 2, rows, cols, cols * sizeof(T), box_rows, kTile),
             cudaSuccess);
   return map;
+}
+
+// A 64 × 64 tile, one box.
+template <typename T>
+CUtensorMap tile_map(const DeviceBuffer& buffer) {
+  return matrix_map<T>(buffer, kTile, kTile, kTile);
 }
 
 // out (64 × n) = x · yᵀ (y_transposed: y is n columns × 64 depth) or x · y (y 64 × n), in double.
@@ -195,14 +202,6 @@ void check_tile_product(uint32_t seed, bool y_transposed, const char* name, Laun
   }
 }
 
-// A 2-D map of a row-major rows × cols matrix, boxes of box_rows × 64.
-template <typename T>
-CUtensorMap matrix_map(const DeviceBuffer& buffer, int rows, int cols, int box_rows) {
-  CUtensorMap map;
-  EXPECT_EQ(flashext::make_tma_2d_swizzle128(&map, buffer.get(), 2, rows, cols, cols * sizeof(T), box_rows, kTile),
-            cudaSuccess);
-  return map;
-}
 
 TYPED_TEST(Sm90Primitives, TmaAndWgmmaQKt) {
   FX_SKIP_WITHOUT_GPU();

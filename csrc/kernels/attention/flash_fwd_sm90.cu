@@ -48,12 +48,6 @@ struct Sm90Maps {
   CUtensorMap q, k, v;
 };
 
-// The two 16-bit values of a pair of fp32 accumulators, the first in the low half.
-template <typename T>
-FX_DEVICE uint32_t pack(float lo, float hi) {
-  return ptx::pack2<T>(lo, hi);
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_fwd_sm90_kernel(const FlashFwdParams p, const __grid_constant__ Sm90Maps maps) {
@@ -197,8 +191,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       float tile_sum = 0.0f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        const uint32_t pair = pack<T>(ptx::exp2_approx(fmaf(s[4 * i + 2 * r], score_scale, -base_max)),
-                                      ptx::exp2_approx(fmaf(s[4 * i + 2 * r + 1], score_scale, -base_max)));
+        const uint32_t pair = ptx::pack2<T>(ptx::exp2_approx(fmaf(s[4 * i + 2 * r], score_scale, -base_max)),
+                                            ptx::exp2_approx(fmaf(s[4 * i + 2 * r + 1], score_scale, -base_max)));
         p16[i][r] = pair;
         const T* halves = reinterpret_cast<const T*>(&pair);
         tile_sum += to_float(halves[0]) + to_float(halves[1]);
@@ -248,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 16; ++i) {
       const int col = 8 * i + 2 * quad;
       *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
-          pack<T>(acc_o[4 * i + 2 * r] * inv, acc_o[4 * i + 2 * r + 1] * inv);
+          ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv, acc_o[4 * i + 2 * r + 1] * inv);
     }
     if (p.lse != nullptr && quad == 0) {
       p.lse[int64_t(batch) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + row] =
