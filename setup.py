@@ -14,8 +14,10 @@ Environment:
     FLASHEXT_NVCC_FLAGS  extra nvcc flags.
 """
 
+import importlib.util
 import os
 import re
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -54,7 +56,19 @@ def gencode_flags(targets: list[str]) -> list[str]:
     return [f"-gencode=arch=compute_{t.split('_')[1]},code={t}" for t in targets]
 
 
+def check_wheel_support() -> None:
+    """pip builds a wheel (editable or not) through bdist_wheel: setuptools >= 70.1 has it, older
+    ones only with the `wheel` package, which --no-build-isolation does not install."""
+    building_wheel = any(cmd in sys.argv for cmd in ("bdist_wheel", "dist_info", "editable_wheel"))
+    has = importlib.util.find_spec
+    if building_wheel and not (has("setuptools.command.bdist_wheel") or has("wheel")):
+        import setuptools
+        raise SystemExit(f"flashext: setuptools {setuptools.__version__} builds wheels only with the `wheel` "
+                         "package: `pip install wheel` (or setuptools>=70.1), then run pip again")
+
+
 def main() -> None:
+    check_wheel_support()
     targets = cuda_targets(os.environ.get("FLASHEXT_CUDA_ARCHS", "90a"))
     arch_define = f'-DFLASHEXT_CUDA_ARCHS="{";".join(targets)}"'  # read back by build_info()
     sources = sorted(

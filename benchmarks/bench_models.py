@@ -56,16 +56,18 @@ def build(implementations, layers: int):
     """One model per attention implementation, the same random bf16 weights in each (same seed)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=MLP, num_hidden_layers=layers,
-                         num_attention_heads=HEADS, num_key_value_heads=HEADS_KV, max_position_embeddings=8192,
-                         tie_word_embeddings=True, rope_theta=500000.0)
     models = {}
-    for name in implementations:
+    for name in implementations:  # a config each: set_attn_implementation writes into the config
+        config = LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=MLP, num_hidden_layers=layers,
+                             num_attention_heads=HEADS, num_key_value_heads=HEADS_KV, max_position_embeddings=8192,
+                             tie_word_embeddings=True, rope_theta=500000.0)
         torch.manual_seed(0)
         with torch.device("cuda"):
             model = LlamaForCausalLM(config).to(torch.bfloat16)
         model.set_attn_implementation(name)
         models[name] = model
+    for name, model in models.items():
+        assert model.config._attn_implementation == name, (name, model.config._attn_implementation)
     return models
 
 

@@ -1,5 +1,5 @@
 """Print the performance tables (markdown) from a bench_gelu.py, bench_attention.py or
-bench_decode.py results JSON: every point (docs/performance.md), or with --summary one table per op
+bench_decode.py (or bench_models.py) results JSON: every point (docs/performance.md), or with --summary one table per op
 family (the README).
 
     python benchmarks/readme_tables.py benchmarks/results/gelu.json
@@ -7,6 +7,7 @@ family (the README).
     python benchmarks/readme_tables.py --summary benchmarks/results/attention_train.json
     python benchmarks/readme_tables.py --summary benchmarks/results/decode.json
     python benchmarks/readme_tables.py benchmarks/results/attention_sparse.json
+    python benchmarks/readme_tables.py benchmarks/results/models.json
 """
 
 import json
@@ -141,6 +142,32 @@ def sparse_table(payload) -> None:
            for r in rows))
 
 
+def models_table(payload) -> None:
+    meta, rows = payload["meta"], payload["rows"]
+    print(f"{meta['gpu']}, torch {meta['torch']}, commit `{meta['commit'][:10]}`, {meta['date'][:10]}. A "
+          "Llama-3.2-1B-shaped LlamaForCausalLM (random weights, bf16); ms, and time(anchor) / time(flashext) "
+          "in the same run.\n")
+    names = [n for n in ("flashext", "sdpa", "eager", "direct") if any(n in r for r in rows if r["section"] != "generate")]
+
+    def cell(row, name, what):
+        if f"{what}_ms" not in row.get(name, {}):
+            return "n/a"
+        ms = row[name][f"{what}_ms"]
+        return f"{ms:.1f}" if name == "flashext" else f"{ms:.1f} ({ms / row['flashext'][f'{what}_ms']:.2f}×)"
+
+    table(["batch", "what"] + [f'"{n}"' for n in names],
+          ([f"{r['batch']} × {r['seqlen']}, {r['section']} ({r['real_tokens']} real tokens)", what,
+            *(cell(r, n, what) for n in names)]
+           for r in rows if r["section"] != "generate" for what in ("forward", "train")))
+    generate = [r for r in rows if r["section"] == "generate"]
+    if generate:
+        print("\n`generate()`, greedy, tokens/s\n")
+        table(["batch", "prompt + new", '"flashext"', '"sdpa"', "ratio"],
+              ([str(r["batch"]), f"{r['prompt']} + {r['new_tokens']}", f"{r['flashext']['tokens_per_s']:.0f}",
+                f"{r['sdpa']['tokens_per_s']:.0f}", f"{r['flashext']['tokens_per_s'] / r['sdpa']['tokens_per_s']:.2f}×"]
+               for r in generate))
+
+
 def gelu_summary(payload, ceiling: float) -> None:
     """One row per pass and dtype at its largest size: of the copy ceiling, and time ratios."""
     rows = payload["rows"]
@@ -179,6 +206,9 @@ def main(path: str, summary: bool = False) -> None:
         return
     if sections == {"sparse"}:
         sparse_table(payload)
+        return
+    if sections & {"padded", "unpadded", "generate"}:
+        models_table(payload)
         return
     meta = payload["meta"]
     ceiling = max(payload["ceiling_copy_gbps"], payload.get("ceiling_copy_gbps_end", 0))

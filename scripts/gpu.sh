@@ -219,7 +219,7 @@ for step in "${steps[@]}"; do
     serve_gpt) run_step "serve_gpt (batch 1 and 32)" bash -c "$PY -m flashext.examples.serve_gpt --batch 1 && $PY -m flashext.examples.serve_gpt --batch 32" ;;
     hf_llama) run_step "examples/hf_llama.py" $PY examples/hf_llama.py ;;
     train_gpt) run_step "train_gpt (eager, compiled)" bash -c "$PY -m flashext.examples.train_gpt --out $OUT ${TRAIN_GPT_ARGS:-} && $PY -m flashext.examples.train_gpt --compile --out $OUT ${TRAIN_GPT_ARGS:-}" ;;
-    ab) run_step "ab ($FLASHEXT_AB_FLAGS)" ab ;;
+    ab) run_step "ab (${FLASHEXT_AB_FLAGS:-}${FLASHEXT_AB_PATCH:+ $FLASHEXT_AB_PATCH})" ab ;;
     profile) run_step profile profile ;;
     profile_gelu) run_step profile_gelu profile_gelu ;;
     install) run_step "install (non-editable, from /tmp)" install ;;
