@@ -7,8 +7,11 @@ Model: LlamaForCausalLM, 16 layers, width 2048, MLP 8192, 32 query / 8 KV heads 
 128256, bf16, on one GPU.
 padded    batch 8 × 2048, random lengths (about half the tokens padding, right-padded): forward
           (logits, no grad) and a training step (forward, cross-entropy on the real tokens,
-          backward): "flashext" (varlen: no work on padding) against "sdpa" (a 4-D mask, computing on
-          the padding) and, forward only, "eager". Logits on the real tokens are compared first.
+          backward), no cache: "flashext" (varlen: no attention work on padding),
+          "flashext_padding_free" (apply_flashext(padding_free=True): the real tokens packed
+          before the first layer, so no layer works on padding) against "sdpa" (a 4-D mask,
+          computing on the padding) and, forward only, "eager". Logits on the real tokens are
+          compared first.
 unpadded  the same without padding: "flashext", "sdpa", "eager", and "direct" (an attention
           function that only transposes and calls flashext.flash_attention, causal): what the
           integration costs over calling flashext itself.
@@ -64,10 +67,16 @@ def build(implementations, layers: int):
         torch.manual_seed(0)
         with torch.device("cuda"):
             model = LlamaForCausalLM(config).to(torch.bfloat16)
-        model.set_attn_implementation(name)
+        if name == "flashext_padding_free":
+            from flashext.integrations.transformers import apply_flashext
+
+            apply_flashext(model, bias_gelu=False, padding_free=True)
+        else:
+            model.set_attn_implementation(name)
         models[name] = model
     for name, model in models.items():
-        assert model.config._attn_implementation == name, (name, model.config._attn_implementation)
+        want = "flashext" if name == "flashext_padding_free" else name
+        assert model.config._attn_implementation == want, (name, model.config._attn_implementation)
     return models
 
 
@@ -83,7 +92,7 @@ def inputs(batch: int, seqlen: int, padded: bool):
 
 def train_step(model, ids, mask):
     labels = ids if mask is None else ids.masked_fill(mask == 0, -100)
-    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
     loss.backward()
     model.zero_grad(set_to_none=True)
     return loss
@@ -92,12 +101,12 @@ def train_step(model, ids, mask):
 def logits_gap(models, ids, mask):
     """Largest |logit| difference on real tokens of each model against "sdpa"."""
     with torch.no_grad():
-        want = models["sdpa"](input_ids=ids, attention_mask=mask).logits.float()
+        want = models["sdpa"](input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         gaps = {}
         for name, model in models.items():
             if name != "sdpa":
-                got = model(input_ids=ids, attention_mask=mask).logits.float()
+                got = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
                 gaps[name] = float((got - want)[real].abs().max())
                 del got
         return gaps
@@ -105,7 +114,8 @@ def logits_gap(models, ids, mask):
 
 def section_dense(rows, quick: bool, padded: bool):
     batch, seqlen, layers = (2, 1024, 4) if quick else (8, 2048, LAYERS)
-    names = ["flashext", "sdpa", "eager"] + ([] if padded else ["direct"])
+    names = ["flashext"] + (["flashext_padding_free"] if padded else []) + ["sdpa", "eager"] + (
+        [] if padded else ["direct"])
     models = build(names, layers)
     ids, mask = inputs(batch, seqlen, padded)
     section = "padded" if padded else "unpadded"
@@ -115,7 +125,7 @@ def section_dense(rows, quick: bool, padded: bool):
     def forward(model):
         def run():
             with torch.no_grad():
-                return model(input_ids=ids, attention_mask=mask).logits
+                return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         return run
 
     fwd = bench_rounds({name: forward(m) for name, m in models.items()}, warmup=1, rep=3)
@@ -178,9 +188,12 @@ def summarize(payload):
             print(f"  generate batch {row['batch']}: {ratio:.2f}x sdpa tokens/s, same tokens {row['same_tokens']}")
             continue
         for what in ("forward", "train"):
-            parts = [f"{row[n][f'{what}_ms'] / row['flashext'][f'{what}_ms']:.2f}x {n}"
-                     for n in ("sdpa", "eager", "direct") if f"{what}_ms" in row.get(n, {})]
-            print(f"  {row['section']} {what}: " + ", ".join(parts))
+            for ours in ("flashext", "flashext_padding_free"):
+                if f"{what}_ms" not in row.get(ours, {}):
+                    continue
+                parts = [f"{row[n][f'{what}_ms'] / row[ours][f'{what}_ms']:.2f}x {n}"
+                         for n in ("sdpa", "eager", "direct") if f"{what}_ms" in row.get(n, {})]
+                print(f"  {row['section']} {what}, {ours}: " + ", ".join(parts))
 
 
 def main():

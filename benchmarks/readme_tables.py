@@ -145,20 +145,24 @@ def sparse_table(payload) -> None:
 def models_table(payload) -> None:
     meta, rows = payload["meta"], payload["rows"]
     print(f"{meta['gpu']}, torch {meta['torch']}, commit `{meta['commit'][:10]}`, {meta['date'][:10]}. A "
-          "Llama-3.2-1B-shaped LlamaForCausalLM (random weights, bf16); ms, and time(anchor) / time(flashext) "
-          "in the same run.\n")
-    names = [n for n in ("flashext", "sdpa", "eager", "direct") if any(n in r for r in rows if r["section"] != "generate")]
+          "Llama-3.2-1B-shaped LlamaForCausalLM (random weights, bf16); ms, and time(\"sdpa\") / "
+          "time(flashext) in the same run.\n")
+    dense = [r for r in rows if r["section"] != "generate"]
+    names = [n for n in ("flashext", "flashext_padding_free", "sdpa", "eager", "direct") if any(n in r for r in dense)]
+    ours = [n for n in ("flashext", "flashext_padding_free") if n in names]
+    label = {"flashext_padding_free": '"flashext" + padding_free'}
 
-    def cell(row, name, what):
-        if f"{what}_ms" not in row.get(name, {}):
-            return "n/a"
-        ms = row[name][f"{what}_ms"]
-        return f"{ms:.1f}" if name == "flashext" else f"{ms:.1f} ({ms / row['flashext'][f'{what}_ms']:.2f}×)"
+    def ms(row, name, what):
+        return f"{row[name][f'{what}_ms']:.1f}" if f"{what}_ms" in row.get(name, {}) else "n/a"
 
-    table(["batch", "what"] + [f'"{n}"' for n in names],
+    def ratio(row, name, what):
+        key = f"{what}_ms"
+        return f"{row['sdpa'][key] / row[name][key]:.2f}×" if key in row.get(name, {}) else "n/a"
+
+    table(["batch", "what"] + [label.get(n, f'"{n}"') for n in names] + [f"sdpa / {label.get(n, n)}" for n in ours],
           ([f"{r['batch']} × {r['seqlen']}, {r['section']} ({r['real_tokens']} real tokens)", what,
-            *(cell(r, n, what) for n in names)]
-           for r in rows if r["section"] != "generate" for what in ("forward", "train")))
+            *(ms(r, n, what) for n in names), *(ratio(r, n, what) for n in ours)]
+           for r in dense for what in ("forward", "train")))
     generate = [r for r in rows if r["section"] == "generate"]
     if generate:
         print("\n`generate()`, greedy, tokens/s\n")

@@ -12,13 +12,13 @@ import flashext  # noqa: E402
 import flashext.integrations.transformers as integration  # noqa: E402
 from flashext import reference as ref  # noqa: E402
 
-CALLS = {"dense": 0, "varlen": 0}
+CALLS = {"dense": 0, "varlen": 0, "varlen_rows": []}
 
 
 @pytest.fixture(autouse=True)
 def reference_kernels(monkeypatch):
     """flashext's attention entry points replaced by the reference (float64, cast back)."""
-    CALLS.update(dense=0, varlen=0)
+    CALLS.update(dense=0, varlen=0, varlen_rows=[])
 
     def dense(q, k, v, **kwargs):
         CALLS["dense"] += 1
@@ -26,6 +26,7 @@ def reference_kernels(monkeypatch):
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, validate=None, **kwargs):
         CALLS["varlen"] += 1
+        CALLS["varlen_rows"].append(q.shape[0])
         assert int((cu_q.diff()).max()) <= max_q and int((cu_k.diff()).max()) <= max_k  # the bounds hold
         return ref.attention_varlen(q, k, v, cu_q, cu_k, **kwargs).to(q.dtype)
 
@@ -134,8 +135,8 @@ FAMILIES = {  # tiny configs of the decoder families transformers ships: GQA, sl
 }
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_decoder_families_with_padding_match_eager(family):
+def family_models(family, implementations=("flashext", "eager"), dtype=torch.bfloat16):
+    """The same random tiny model of a family once per attention implementation."""
     config_name, model_name, extra = FAMILIES[family]
     config_cls, model_cls = getattr(transformers, config_name), getattr(transformers, model_name)
     if extra is None:  # GPT-2 names its sizes its own way
@@ -144,11 +145,17 @@ def test_decoder_families_with_padding_match_eager(family):
         kwargs = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                   "vocab_size": 97, **extra}
     models = {}
-    for implementation in ("flashext", "eager"):
+    for implementation in implementations:
         torch.manual_seed(0)
-        model = model_cls(config_cls(**kwargs)).to(torch.bfloat16).eval()  # a config each: it records the choice
+        model = model_cls(config_cls(**kwargs)).to(dtype).eval()  # a config each: it records the choice
         model.set_attn_implementation(implementation)
         models[implementation] = model
+    return models
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_decoder_families_with_padding_match_eager(family):
+    models = family_models(family)
     ids = torch.randint(0, 97, (2, 14))
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
@@ -211,3 +218,70 @@ def test_unpad_indices_found_once_per_mask():
     assert torch.equal(again[0], torch.tensor([0, 1, 2, 4, 5, 6, 7]))
     decode = integration._unpad_indices(mask, 1)  # one query per row, the last position: padding in row 0
     assert torch.equal(decode[1], torch.tensor([1])) and torch.equal(decode[2], torch.tensor([0, 0, 1], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("family", ["llama"] + list(FAMILIES))
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_free_runs_the_real_tokens_only_and_matches_eager(family, side):
+    """apply_flashext(padding_free=True): every layer sees only the real tokens (varlen over their
+    count, not B x S), logits on real tokens match eager, the padding's are 0."""
+    if family == "llama":
+        models = {"flashext": tiny_llama("flashext"), "eager": tiny_llama("eager")}
+    else:
+        models = family_models(family)
+    done = integration.apply_flashext(models["flashext"], bias_gelu=False, padding_free=True)
+    assert done["padding_free"]
+    ids = torch.randint(0, 97, (3, 14))
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate((0, 4, 9)):
+        if pad:
+            if side == "left":
+                mask[row, :pad] = 0
+            else:
+                mask[row, 14 - pad:] = 0
+    with torch.no_grad():
+        ours = models["flashext"](ids, attention_mask=mask).logits
+        eager = models["eager"](ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], eager[real], rtol=3e-2, atol=3e-2)
+    assert CALLS["varlen"] == 2 and CALLS["varlen_rows"] == [int(mask.sum())] * 2, CALLS
+    assert not ours[~real].any()
+
+
+def test_padding_free_training_step_matches_and_generate_keeps_its_cache():
+    ids = torch.randint(0, 97, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0  # right padding, as training batches are
+    mask[2, 3:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    losses, grads = [], []
+    for padding_free in (True, False):
+        model = tiny_llama("flashext").float().train()
+        integration.apply_flashext(model, padding_free=padding_free)
+        loss = model(ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(model.model.layers[0].self_attn.q_proj.weight.grad)
+    assert abs(losses[0] - losses[1]) < 1e-4
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-3, atol=1e-5)
+    ids = torch.randint(0, 97, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    patched = tiny_llama("flashext")
+    integration.apply_flashext(patched, padding_free=True)
+    assert torch.equal(patched.generate(ids, attention_mask=mask, **kwargs),
+                       tiny_llama("eager").generate(ids, attention_mask=mask, **kwargs))
+    with torch.no_grad():
+        out = patched(ids, attention_mask=mask, use_cache=True)  # a cache asked for: the decoder unchanged
+    cache = out.get("cache", out.get("past_key_values"))  # its name since transformers 5.x, and before
+    assert cache is not None and out.logits[mask == 0].any()  # not packed: a cache, and no zeros at padding
+
+
+def test_padding_free_needs_a_decoder_and_the_attention():
+    with pytest.raises(ValueError, match="padding_free=True needs attention=True"):
+        integration.apply_flashext(tiny_llama("eager"), attention=False, padding_free=True)
+    bert = transformers.BertModel(transformers.BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                                          num_attention_heads=4, vocab_size=97))
+    with pytest.raises(ValueError, match="needs a decoder model"):
+        integration.apply_flashext(bert, padding_free=True)

@@ -16,11 +16,16 @@ not as the module says, the model's scaling, sliding window and softcap, and:
 With a KV cache (generate), Sq < Sk and the queries align bottom-right, as in flash-attn.
 Gradients flow (flashext's backward). Dropout > 0 while training and output_attentions raise.
 apply_flashext(model) does that and fuses biased-Linear + GeLU MLPs (GPT-2, GPT-NeoX, BERT, ViT)
-into flashext.bias_gelu, Liger-style. Needs the `transformers` package (pip install
+into flashext.bias_gelu, Liger-style; with padding_free=True a padded batch's forward without a
+cache (training, scoring) packs the real tokens before the decoder's first layer, so the
+projections and MLPs skip the padding too, not only the attention. Needs the `transformers` package (pip install
 flashext[transformers]).
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 import torch
 from torch import Tensor
@@ -181,15 +186,92 @@ def _drop_bias(linear: torch.nn.Module) -> bool:
     return False
 
 
-def apply_flashext(model: torch.nn.Module, attention: bool = True, bias_gelu: bool = True) -> dict:
+_CACHE_ARGS = ("past_key_values", "cache")  # the cache argument's name before and since transformers 5.x
+
+
+def _padding_free(decoder: torch.nn.Module) -> None:
+    """Wrap a decoder stack's forward (LlamaModel, GPT2Model, ...): a call with a 2D padding mask that
+    pads something, and no cache given or asked for, runs on the real tokens only, packed into one
+    row with their own positions and the sequences' offsets (cu_seq_lens_q/k, which reach
+    flashext_attention_forward), and its hidden states are scattered back to (B, S, ...) with 0 at
+    the padding. Any other call runs the decoder unchanged."""
+    original = decoder.forward
+    if getattr(original, "_flashext_padding_free", False):
+        return
+    signature = inspect.signature(original)
+    var_keyword = next((n for n, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None)
+
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        extra = bound.pop(var_keyword, {}) if var_keyword else {}
+        call = {**bound, **extra}
+        mask, ids, embeds = call.get("attention_mask"), call.get("input_ids"), call.get("inputs_embeds")
+        if (mask is None or mask.dim() != 2 or call.get("use_cache") or any(call.get(n) is not None for n in _CACHE_ARGS)
+                or call.get("cu_seq_lens_q") is not None or bool(mask.all())):
+            return original(*args, **kwargs)
+        batch, seqlen = mask.shape
+        rows = mask.reshape(-1).nonzero().view(-1)  # one host sync per forward, not one per layer
+        lengths = mask.sum(1, dtype=torch.int32)
+        cu = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        longest = int(lengths.max())
+        positions = call.get("position_ids")  # the model's own default: 0 … S-1 in every row
+        positions = torch.arange(seqlen, device=mask.device) if positions is None else positions
+        call.update(attention_mask=None, use_cache=False,
+                    position_ids=positions.expand(batch, seqlen).reshape(-1)[rows][None],
+                    cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+        if ids is not None:
+            call["input_ids"] = ids.reshape(-1)[rows][None]
+        if embeds is not None:
+            call["inputs_embeds"] = embeds.reshape(batch * seqlen, -1)[rows][None]
+
+        def scatter(h: Tensor) -> Tensor:
+            return h.new_zeros(batch * seqlen, *h.shape[2:]).index_copy(0, rows, h[0]).view(batch, seqlen,
+                                                                                              *h.shape[2:])
+
+        out = original(**call)
+        if isinstance(out, tuple):
+            return (scatter(out[0]),) + out[1:]
+        out.last_hidden_state = scatter(out.last_hidden_state)
+        if getattr(out, "hidden_states", None) is not None:
+            out.hidden_states = tuple(scatter(h) for h in out.hidden_states)
+        return out
+
+    forward._flashext_padding_free = True
+    decoder.forward = forward
+
+
+def apply_flashext(model: torch.nn.Module, attention: bool = True, bias_gelu: bool = True,
+                   padding_free: bool = False) -> dict:
     """Liger-style patching of a transformers model in place: its attention implementation set to
     "flashext" (where the model supports custom attention), and every biased projection followed by
-    a GeLU (exact or tanh, as the model's activation is) fused into flashext.bias_gelu. Returns what
-    was changed: {"attention": bool, "bias_gelu": number of MLPs fused}."""
-    done = {"attention": False, "bias_gelu": 0}
+    a GeLU (exact or tanh, as the model's activation is) fused into flashext.bias_gelu.
+
+    padding_free=True (decoder models, with attention): a padded batch's forward without a cache
+    (training, scoring; generate() keeps its cache and runs as before) skips the padding in every
+    layer, not only in the attention: the real tokens are packed before the first layer and the
+    hidden states scattered back after the last (0 at padding positions, so their logits are 0;
+    give them label -100, as for any padding). It returns no cache. The packing holds a host sync
+    and data-dependent shapes, so torch.compile breaks the graph around the decoder's call.
+
+    Returns what was changed: {"attention": bool, "bias_gelu": number of MLPs fused,
+    "padding_free": bool}."""
+    done = {"attention": False, "bias_gelu": 0, "padding_free": False}
     if attention and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(NAME)
         done["attention"] = True
+    if padding_free:
+        if not done["attention"]:
+            raise ValueError("apply_flashext: padding_free=True needs attention=True (the packed sequences' "
+                             "offsets are read by flashext's attention function)")
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        causal = any(getattr(m, "is_causal", False) is True for m in model.modules())  # packing keeps causal masks
+        if (decoder is None or not causal or
+                "attention_mask" not in inspect.signature(decoder.forward).parameters):
+            raise ValueError(f"apply_flashext: padding_free=True needs a decoder model; "
+                             f"{type(model).__name__} has no causal decoder stack taking attention_mask")
+        _padding_free(decoder)
+        done["padding_free"] = True
     if bias_gelu:
         for module in model.modules():
             for linear_name, act_name in _MLP_PAIRS:
