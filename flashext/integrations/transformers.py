@@ -208,18 +208,18 @@ def _padding_free(decoder: torch.nn.Module) -> None:
         call = {**bound, **extra}
         mask, ids, embeds = call.get("attention_mask"), call.get("input_ids"), call.get("inputs_embeds")
         if (mask is None or mask.dim() != 2 or call.get("use_cache") or any(call.get(n) is not None for n in _CACHE_ARGS)
-                or call.get("cu_seq_lens_q") is not None or bool(mask.all())):
+                or call.get("cu_seq_lens_q") is not None):
             return original(*args, **kwargs)
         batch, seqlen = mask.shape
-        rows = mask.reshape(-1).nonzero().view(-1)  # one host sync per forward, not one per layer
-        lengths = mask.sum(1, dtype=torch.int32)
-        cu = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-        longest = int(lengths.max())
+        rows, _, cu, _ = _unpad_indices(mask, seqlen)  # the forward's one host sync (nonzero)
+        if rows.numel() == mask.numel():  # nothing padded; the layers find these indices cached
+            return original(*args, **kwargs)
         positions = call.get("position_ids")  # the model's own default: 0 … S-1 in every row
         positions = torch.arange(seqlen, device=mask.device) if positions is None else positions
+        # S bounds every length: no host read of the longest (blocks past a sequence's end exit)
         call.update(attention_mask=None, use_cache=False,
                     position_ids=positions.expand(batch, seqlen).reshape(-1)[rows][None],
-                    cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+                    cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=seqlen, max_length_k=seqlen)
         if ids is not None:
             call["input_ids"] = ids.reshape(-1)[rows][None]
         if embeds is not None:
