@@ -11,13 +11,13 @@
 #             `python -m flashext` from outside the source tree
 #   ptx       rebuild with only compute_80 PTX (the portable sm_80 path, JIT-compiled by the
 #             driver), run the GPU test suite on it, then rebuild the default archs
-#   ab        an A/B of an attention variant: A is this tree, B a copy built with
-#             FLASHEXT_AB_FLAGS="-DNAME=1" added and/or FLASHEXT_AB_PATCH=FILE applied (patch -p1;
-#             FLASHEXT_AB_TESTS="tests/..." runs B's tests first; FLASHEXT_AB_OURS / _ANCHOR name the
-#             compared column and its anchor); bench_attention --only ${BENCH_AB_SECTION:-fwd}
-#             (fwd, or train for the backward) runs A B A B (narrow it with
-#             FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to $OUT/{a1,b1,a2,b2}.json, for
-#             benchmarks/compare_ab.py
+#   ab        an A/B of attention variants: A is this tree, B (C, ...) a copy built with
+#             FLASHEXT_AB_FLAGS="-DNAME=1" added and/or one patch of FLASHEXT_AB_PATCH="FILE [FILE...]"
+#             applied (patch -p1; FLASHEXT_AB_TESTS="tests/..." runs each variant's tests first;
+#             FLASHEXT_AB_OURS / _ANCHOR name the compared column and its anchor);
+#             bench_attention --only ${BENCH_AB_SECTION:-fwd} (fwd, or train for the backward) runs
+#             A B ... A B ... (narrow it with FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to
+#             $OUT/{a1,b1,...,a2,b2,...}.json, for benchmarks/compare_ab.py
 #   pytest_each  pytest once per test file, each in its own process (a fault in one file cannot
 #             fail the others), FLASHEXT_PYTEST_JOBS at a time (default 4; logs in $OUT/pytest/),
 #             FLASHEXT_PYTEST_TIMEOUT seconds each (default 300); the ptx step runs its tests so too
@@ -177,30 +177,44 @@ assert i['device_supported'] and i['ptx'], i" || return 1
   return $rc
 }
 
-ab() {
+ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH (space-separated)
   [ -n "${FLASHEXT_AB_FLAGS:-}${FLASHEXT_AB_PATCH:-}" ] ||
-    { echo "ab: set FLASHEXT_AB_FLAGS (variant B's nvcc flags) or FLASHEXT_AB_PATCH (a patch B applies)"; return 2; }
+    { echo "ab: set FLASHEXT_AB_FLAGS (variant B's nvcc flags) or FLASHEXT_AB_PATCH (patches, one per variant)"; return 2; }
   build >/dev/null || return 1
-  local b=/tmp/flashext_ab_b
-  rm -rf "$b" && cp -r "$ROOT" "$b" || return 1
-  if [ -n "${FLASHEXT_AB_PATCH:-}" ]; then (cd "$b" && patch -p1 <"$ROOT/$FLASHEXT_AB_PATCH") || return 1; fi
-  (cd "$b" && FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} ${FLASHEXT_AB_FLAGS:-}" $PY setup.py build_ext --inplace >/dev/null) ||
-    return 1
-  if [ -n "${FLASHEXT_AB_TESTS:-}" ]; then  # variant B's own tests first: a faster wrong kernel is no result
-    (cd "$b" && $PY -m pytest -q -p no:cacheprovider $FLASHEXT_AB_TESTS | tail -3) || return 1
-  fi
-  local run section=${BENCH_AB_SECTION:-fwd}
-  for run in a1 b1 a2 b2; do
-    local dir=$ROOT
-    [ "${run:0:1}" = b ] && dir=$b
-    rm -rf /tmp/flashext_ab_$run
-    (cd "$dir" && OUT=/tmp/flashext_ab_$run $PY benchmarks/bench_attention.py --only "$section" | { grep "vs " || true; }) ||
+  local patches=(${FLASHEXT_AB_PATCH:-}) names=(a) dirs=("$ROOT") letters=(b c d e f) i
+  [ ${#patches[@]} -eq 0 ] && patches=("")  # flags alone: one variant
+  for i in "${!patches[@]}"; do
+    local name=${letters[$i]} dir=/tmp/flashext_ab_${letters[$i]}
+    rm -rf "$dir" && cp -r "$ROOT" "$dir" || return 1
+    if [ -n "${patches[$i]}" ]; then (cd "$dir" && patch -p1 -s <"$ROOT/${patches[$i]}") || return 1; fi
+    (cd "$dir" && FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} ${FLASHEXT_AB_FLAGS:-}" $PY setup.py build_ext --inplace >/dev/null) ||
       return 1
-    cp /tmp/flashext_ab_$run/attention*.json "$OUT/$run.json"
+    if [ -n "${FLASHEXT_AB_TESTS:-}" ]; then  # each variant's own tests first: a faster wrong kernel is no result
+      echo "ab: variant $name (${patches[$i]}) tests:"
+      (cd "$dir" && $PY -m pytest -q -p no:cacheprovider -x $FLASHEXT_AB_TESTS | tail -3) || return 1
+    fi
+    names+=("$name")
+    dirs+=("$dir")
+  done
+  local round section=${BENCH_AB_SECTION:-fwd}
+  for round in 1 2; do
+    for i in "${!names[@]}"; do
+      local run=${names[$i]}$round
+      echo "ab: run $run"
+      rm -rf /tmp/flashext_ab_out_$run
+      (cd "${dirs[$i]}" && OUT=/tmp/flashext_ab_out_$run $PY benchmarks/bench_attention.py --only "$section" | { grep "vs " || true; }) ||
+        return 1
+      cp /tmp/flashext_ab_out_$run/attention*.json "$OUT/$run.json"
+    done
   done
   local compare=(--ours "${FLASHEXT_AB_OURS:-flashext}" --anchor "${FLASHEXT_AB_ANCHOR:-sdpa_flash}")
-  $PY benchmarks/compare_ab.py "$OUT/a1.json" "$OUT/b1.json" "${compare[@]}" | tail -2
-  $PY benchmarks/compare_ab.py "$OUT/a2.json" "$OUT/b2.json" "${compare[@]}" | tail -2
+  for i in "${!names[@]}"; do
+    [ "$i" = 0 ] && continue
+    for round in 1 2; do
+      echo "ab: a$round vs ${names[$i]}$round"
+      $PY benchmarks/compare_ab.py "$OUT/a$round.json" "$OUT/${names[$i]}$round.json" "${compare[@]}" | tail -2
+    done
+  done
 }
 
 for step in "${steps[@]}"; do

@@ -389,7 +389,7 @@ void run_backward(const char* fn, const at::Tensor& dout_in, const at::Tensor& q
   p.deterministic = deterministic;
   FX_CHECK(flashext::flash_bwd_smem_bytes(p.head_dim) > 0, fn, ": head dim ", int64_t(p.head_dim),
            " has no backward kernel that fits this GPU's shared memory per block (", device_smem_kib(dq),
-           " KiB); above head dim 128 the backward needs 144 KiB, as on A100 and H100");
+           " KiB); above head dim 128 the backward needs 145 KiB, as on A100 and H100");
   const int64_t bytes = int64_t(flashext::flash_bwd_workspace_bytes(p));
   const at::Tensor workspace = at::empty({bytes}, dq.options().dtype(at::kByte));
   check_launch(fn, flashext::run_flash_bwd(p, workspace.data_ptr(), current_stream(dq)));

@@ -237,9 +237,12 @@ TYPED_TEST(FlashBwdKernel, AgainstCpuReference) {
 }
 
 // The tiles other GPUs get, on this one: A100's 163 KiB per block (D = 256 compact) and sm_86/89's
-// 99 (D = 128 compact).
+// 99 (D = 64 and 128 compact).
 TYPED_TEST(FlashBwdKernel, CompactTilesForLessSharedMemory) {
   FX_SKIP_WITHOUT_GPU();
+  Case d64{2, 150, 217, 4, 2, 64, /*causal=*/true};
+  d64.max_smem = 99 * 1024;
+  run_case<TypeParam>(d64);
   for (int kib : {163, 99}) {
     Case dense{2, 150, 217, 4, 2, 128, /*causal=*/true};
     dense.max_smem = kib * 1024;
@@ -281,6 +284,8 @@ TEST(FlashBwd, ParamsAreChecked) {
   EXPECT_EQ(flashext::flash_bwd_smem_bytes(256, 99 * 1024), 0);  // D = 256 does not fit 99 KiB
   EXPECT_GT(flashext::flash_bwd_smem_bytes(256, 163 * 1024), 0);
   EXPECT_GT(flashext::flash_bwd_smem_bytes(64, 99 * 1024), 0);
+  EXPECT_LT(flashext::flash_bwd_smem_bytes(64, 99 * 1024), flashext::flash_bwd_smem_bytes(64, 163 * 1024));
+  EXPECT_EQ(flashext::flash_bwd_smem_bytes(64, 163 * 1024), flashext::flash_bwd_smem_bytes(64, 227 * 1024));
   EXPECT_GT(flashext::flash_bwd_smem_bytes(128, 99 * 1024), 0);
   EXPECT_EQ(flashext::flash_bwd_smem_bytes(128, 163 * 1024), flashext::flash_bwd_smem_bytes(128, 227 * 1024));
   EXPECT_LT(flashext::flash_bwd_smem_bytes(128, 99 * 1024), flashext::flash_bwd_smem_bytes(128, 163 * 1024));

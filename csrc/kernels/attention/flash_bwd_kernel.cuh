@@ -11,21 +11,18 @@
 // each block's dQ into an fp32 buffer (atomics); flash_bwd_convert_dq scales that buffer into dq.
 //
 // Main kernel. Grid: (key blocks, KV heads, batch); block: 8 warps. Everything is computed
-// transposed, keys as rows: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ have the layout of an mma accumulator whose
-// rows are keys, which is the A-operand layout of dV = Pᵀ dO and dK = dSᵀ Q, so Pᵀ and dSᵀ feed
-// those from registers. Warp (wk, wq) owns keys 16 · wk + [0, 16) and, of the query block,
-// columns wq · kQCols + [0, kQCols) of Sᵀ and dPᵀ and head-dim columns wq · kDCols + [0, kDCols)
-// of dK and dV; with two warps per key slab (D = 256) Pᵀ and dSᵀ go through shared memory. dSᵀ
-// always does: dQ = dS K needs it with queries as rows (warp w: query rows 16 · (w % 4) + [0, 16),
-// head-dim columns (w / 4) · kHeadDim / 2 + ...), read back transposed by ldmatrix.trans.
+// transposed, keys as rows: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, then dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ
+// and dSᵀ (16-bit, rows = keys) read back from shared memory as A operands, and dQ = dS K with
+// dSᵀ read transposed by ldmatrix.trans. Each GEMM phase has its own warp grid (FlashBwdConfig),
+// so a warp's tile is at least 32 × 32 and every fragment it loads feeds two or more MMAs.
 //
-//   D     keys × queries  warps (keys × split)  shared memory
-//   64    128 × 64        8 × 1                 K, V 2·16 + Q, dO 2·2·8 + dSᵀ 16 = 80 KiB
-//   128   128 × 64        8 × 1                 K, V 2·32 + Q, dO 2·2·16 + dSᵀ 16 = 144 KiB
-//   256    64 × 64        4 × 2                 K, V 2·32 + Q, dO 2·2·32 + dSᵀ, Pᵀ 2·8 = 208 KiB
+//   D     keys × queries  Sᵀ warp tile  dK/dV warp tile  dQ warp tile  shared memory
+//   64    128 × 128       32 × 64       32 × 32          32 × 32       K, V 2·16 + Q, dO 2·2·16 + Pᵀ, dSᵀ 2·32 = 162 KiB
+//   128   128 × 64        32 × 32       32 × 64          32 × 32       K, V 2·32 + Q, dO 2·2·16 + Pᵀ, dSᵀ 2·16 = 161 KiB
+//   256    64 × 64        16 × 32       32 × 64          32 × 64       K, V 2·32 + Q, dO 2·2·32 + Pᵀ, dSᵀ 2·8 = 209 KiB
 // Q, dO and the rows' (lse, D) are double-buffered: the next query block loads under this one.
-// GPUs with less shared memory per block get the compact tiles (FlashBwdConfig): D = 128 64 × 64,
-// 4 × 2 warps, 80 KiB; D = 256 144 KiB (Q, dO single-buffered at both).
+// GPUs with less shared memory per block get the compact tiles (FlashBwdConfig): D = 64 128 × 64
+// (97 KiB), D = 128 64 × 64 (81 KiB), D = 256 64 × 64 (145 KiB); Q, dO single-buffered at D ≥ 128.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,8 +42,14 @@ namespace flashext {
 namespace attention_detail {
 
 // kCompact: the tiles for GPUs with less shared memory per block than Hopper's 227 KiB (A100 163,
-// sm_86/89 99): 64 keys at D = 128 and Q, dO single-buffered at D ≥ 128 (the next query block then
-// loads under the dQ GEMM only). D = 64 needs no compact form.
+// sm_86/89 99): 64 queries per step at D = 64, 64 keys at D = 128, and Q, dO single-buffered at
+// D ≥ 128 (the next query block then loads under the dQ GEMM only).
+//
+// Each of the three GEMM phases has its own warp grid, FlashAttention-2's, so that every warp owns a
+// tile at least 32 × 32 and each fragment it loads feeds two or more MMAs: Sᵀ, dPᵀ (keys × queries)
+// 4 × 2 warps; dK, dV (keys × head dim) kBlockN / 32 × the rest, 32 keys per warp; dQ (queries ×
+// head dim) 2 × 4. A warp then reads about a fifth fewer shared-memory bytes per step than with
+// one 16-key slab per warp, at the cost of Pᵀ going through shared memory beside dSᵀ.
 template <int kHeadDim_, bool kCompact_ = false>
 struct FlashBwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
@@ -54,23 +57,24 @@ struct FlashBwdConfig {
   static constexpr int kNWarps = 8;
   static constexpr int kThreads = 32 * kNWarps;
   static constexpr int kBlockN = kHeadDim <= 64 || (kHeadDim <= 128 && !kCompact) ? 128 : 64;  // keys per block
-  static constexpr int kBlockM = 64;                          // queries per step
-  static constexpr int kWarpsKey = kBlockN / 16;              // key slabs of 16
-  static constexpr int kWarpsSplit = kNWarps / kWarpsKey;     // warps per key slab
-  static constexpr int kQCols = kBlockM / kWarpsSplit;        // Sᵀ columns (queries) per warp
-  static constexpr int kDCols = kHeadDim / kWarpsSplit;       // dK, dV columns per warp
-  static constexpr bool kPThroughSmem = kWarpsSplit > 1;
-  static constexpr int kDqRowTiles = kBlockM / 16;            // dQ: m16 row tiles
-  static constexpr int kDqCols = kHeadDim / (kNWarps / kDqRowTiles);
+  static constexpr int kBlockM = kHeadDim == 64 && !kCompact ? 128 : 64;  // queries per step
+  static constexpr int kSKeyWarps = 4;                              // Sᵀ, dPᵀ: warps along keys
+  static constexpr int kSKeyTiles = kBlockN / 16 / kSKeyWarps;      //   m16 key tiles per warp
+  static constexpr int kQCols = kBlockM / (kNWarps / kSKeyWarps);   //   queries per warp
+  static constexpr int kKVKeyTiles = 2;                             // dK, dV: 32 keys per warp
+  static constexpr int kKVKeyWarps = kBlockN / 16 / kKVKeyTiles;    //   warps along keys
+  static constexpr int kDCols = kHeadDim / (kNWarps / kKVKeyWarps); //   head-dim columns per warp
+  static constexpr int kDqRowWarps = kBlockM / 32;                 // dQ: warps along queries
+  static constexpr int kDqRowTiles = kBlockM / 16 / kDqRowWarps;    //   m16 query tiles per warp
+  static constexpr int kDqCols = kHeadDim / (kNWarps / kDqRowWarps);  //   head-dim columns per warp
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileQ = kBlockM * kHeadDim;
-  static constexpr int kTileS = kBlockN * kBlockM;  // dSᵀ or Pᵀ, rows = keys
-  static constexpr int kQBuffers = kCompact ? 1 : 2;  // Q and dO tiles each
-  static constexpr int kSmemBytes =
-      (2 * kTileKV + 2 * kQBuffers * kTileQ + (kPThroughSmem ? 2 : 1) * kTileS) * 2 + 2 * 2 * kBlockM * 4;
-  static_assert(kNWarps % kWarpsKey == 0 && kNWarps % kDqRowTiles == 0, "warp layouts");
-  static_assert(kBlockM == 64, "dSᵀ rows are 64 queries: 128 bytes, the swizzle's unit");
+  static constexpr int kTileS = kBlockN * kBlockM;  // Pᵀ or dSᵀ, rows = keys
+  static constexpr int kQBuffers = kCompact && kHeadDim > 64 ? 1 : 2;  // Q and dO tiles each
+  static constexpr int kSmemBytes = (2 * kTileKV + 2 * kQBuffers * kTileQ + 2 * kTileS) * 2 + 2 * 2 * kBlockM * 4;
+  static_assert(kSKeyTiles >= 1 && kNWarps % kKVKeyWarps == 0 && kBlockM % (16 * kDqRowWarps) == 0, "warp grids");
+  static_assert(kBlockM % 64 == 0, "Pᵀ, dSᵀ rows are whole 128-byte multiples, the swizzle's unit");
   static_assert(kQCols % 16 == 0 && kDCols % 16 == 0 && kDqCols % 16 == 0, "whole k16 steps and n8 pairs");
   static_assert(kThreads >= 2 * kBlockM, "one thread per row statistic");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than one block may have (sm_90)");
@@ -217,24 +221,31 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq(const FlashBwdParams
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const FlashBwdParams p, const BwdWorkspace w) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
-  constexpr int kQCols = Config::kQCols, kDCols = Config::kDCols, kDqCols = Config::kDqCols;
-  constexpr int kSTiles = kQCols / 8;   // n8 tiles of Sᵀ per warp
-  constexpr int kDTiles = kDCols / 8;   // n8 tiles of dK / dV per warp
-  constexpr int kDqTiles = kDqCols / 8;  // n8 tiles of dQ per warp
-  constexpr uint32_t kRowBytes = 2 * kHeadDim;
+  constexpr int kSKeyTiles = Config::kSKeyTiles, kSTiles = Config::kQCols / 8;  // Sᵀ: m16 key tiles × n8 query tiles
+  constexpr int kKVKeyTiles = Config::kKVKeyTiles, kDTiles = Config::kDCols / 8;  // dK, dV: m16 × n8 tiles
+  constexpr int kDqRowTiles = Config::kDqRowTiles, kDqTiles = Config::kDqCols / 8;  // dQ: m16 × n8 tiles
+  constexpr uint32_t kRowBytes = 2 * kHeadDim, kSRowBytes = 2 * kBlockM;  // Q/K/V/dO rows; Pᵀ/dSᵀ rows
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* smem_k = reinterpret_cast<T*>(smem_raw);
   T* smem_v = smem_k + Config::kTileKV;
   T* smem_q = smem_v + Config::kTileKV;  // kQBuffers buffers
   T* smem_do = smem_q + Config::kQBuffers * Config::kTileQ;  // kQBuffers buffers
-  T* smem_ds = smem_do + Config::kQBuffers * Config::kTileQ;  // dSᵀ, then Pᵀ when kPThroughSmem
-  T* smem_p = smem_ds + Config::kTileS;
-  float* smem_stats = reinterpret_cast<float*>(smem_ds + (Config::kPThroughSmem ? 2 : 1) * Config::kTileS);
+  T* smem_p = smem_do + Config::kQBuffers * Config::kTileQ;  // Pᵀ, rows = keys
+  T* smem_ds = smem_p + Config::kTileS;                       // dSᵀ, rows = keys
+  float* smem_stats = reinterpret_cast<float*>(smem_ds + Config::kTileS);
   // smem_stats[buffer][0 .. kBlockM): lse · log2 e, [kBlockM .. 2 · kBlockM): D
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad = lane % 4;
-  const int wk = warp % Config::kWarpsKey, wq = warp / Config::kWarpsKey;
+  // This warp's tile in each GEMM phase (FlashBwdConfig): Sᵀ/dPᵀ rows s_key0 + [0, 16 · kSKeyTiles)
+  // × columns s_query0 + [0, kQCols); dK/dV rows kv_key0 + ... × head-dim columns kv_col0 + ...;
+  // dQ rows dq_row0 + ... × head-dim columns dq_col0 + ....
+  const int s_key0 = (warp % Config::kSKeyWarps) * 16 * kSKeyTiles;
+  const int s_query0 = (warp / Config::kSKeyWarps) * Config::kQCols;
+  const int kv_key0 = (warp % Config::kKVKeyWarps) * 16 * kKVKeyTiles;
+  const int kv_col0 = (warp / Config::kKVKeyWarps) * Config::kDCols;
+  const int dq_row0 = (warp % Config::kDqRowWarps) * 16 * kDqRowTiles;
+  const int dq_col0 = (warp / Config::kDqRowWarps) * Config::kDqCols;
   const int n_block = blockIdx.x, kv_head = blockIdx.y, batch = blockIdx.z;
   const BwdSequence seq = bwd_sequence(p, batch);
   const int n_start = n_block * kBlockN;
@@ -287,12 +298,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
     return src[stats_base + head * w.stats_head_stride + row];
   };
 
-  // dK and dV of this warp's 16 keys × kDCols columns.
-  float acc_dk[kDTiles][4], acc_dv[kDTiles][4];
+  // dK and dV of this warp's 16 · kKVKeyTiles keys × kDCols columns.
+  float acc_dk[kKVKeyTiles][kDTiles][4], acc_dv[kKVKeyTiles][kDTiles][4];
 #pragma unroll
-  for (int t = 0; t < kDTiles; ++t)
+  for (int i = 0; i < kKVKeyTiles; ++i)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc_dk[t][e] = acc_dv[t][e] = 0.0f;
+    for (int t = 0; t < kDTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[i][t][e] = acc_dv[i][t][e] = 0.0f;
 
   // Prologue: K and V, then the first step's Q, dO and row statistics (a key block that no query
   // sees only writes its zero dK and dV).
@@ -306,19 +319,47 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   }
   ptx::cp_async_commit();
 
-  // ldmatrix lane addresses (chunk 0 or 1 of the lane's row; swizzled_chunk_addr reaches the rest):
-  //   A from a row-major tile (K, V: this warp's 16 keys; Pᵀ: the same keys of the Pᵀ tile),
+  // ldmatrix lane addresses (chunk 0 or 1 of the lane's row; swizzled_chunk_addr reaches the rest;
+  // a further m16 tile is 16 rows on, the same swizzle):
+  //   A from a row-major tile (K, V: this warp's keys; Pᵀ, dSᵀ: its keys of those tiles),
   //   B from an n-major tile (Q, dO rows as n), B transposed from a k-major tile (dO, Q, K rows as k),
   //   A transposed from the k-major dSᵀ tile (keys as k).
   const int a_row = lane % 16, a_chunk = lane / 16;
   const int b_row = lane % 8 + (lane / 16) * 8, b_chunk = (lane / 8) % 2;
   const int bt_row = lane % 8 + ((lane / 8) % 2) * 8, bt_chunk = lane / 16;
-  const uint32_t k_a = ptx::smem_addr(smem_k) + 2 * swizzled<kHeadDim>(16 * wk + a_row, a_chunk);
-  const uint32_t v_a = ptx::smem_addr(smem_v) + 2 * swizzled<kHeadDim>(16 * wk + a_row, a_chunk);
+  const uint32_t k_a = ptx::smem_addr(smem_k) + 2 * swizzled<kHeadDim>(s_key0 + a_row, a_chunk);
+  const uint32_t v_a = ptx::smem_addr(smem_v) + 2 * swizzled<kHeadDim>(s_key0 + a_row, a_chunk);
+  const uint32_t p_a = ptx::smem_addr(smem_p) + 2 * swizzled<kBlockM>(kv_key0 + a_row, a_chunk);
+  const uint32_t ds_a = ptx::smem_addr(smem_ds) + 2 * swizzled<kBlockM>(kv_key0 + a_row, a_chunk);
   const uint32_t k_bt = ptx::smem_addr(smem_k) + 2 * swizzled<kHeadDim>(bt_row, bt_chunk);
   const uint32_t ds_at = ptx::smem_addr(smem_ds) + 2 * swizzled<kBlockM>(b_row, b_chunk);
-  const uint32_t p_a = ptx::smem_addr(smem_p) + 2 * swizzled<kBlockM>(16 * wk + a_row, a_chunk);
-  const uint32_t ds_a = ptx::smem_addr(smem_ds) + 2 * swizzled<kBlockM>(16 * wk + a_row, a_chunk);
+
+  // acc[i][j] += A_i B_j over k16 steps kk < kSteps, A fragments of kATiles m16 tiles (a(kk, i)
+  // loads tile i's) and B fragments in n8 pairs (b(kk, jp) loads pair jp): one A fragment per m16
+  // tile per step, reused by every n8 tile of the warp.
+  const auto gemm = [](auto& acc, auto steps, auto a_tiles, auto b_pairs, auto a_frag, auto b_frag) {
+    constexpr int kSteps = decltype(steps)::value, kATiles = decltype(a_tiles)::value;
+    constexpr int kBPairs = decltype(b_pairs)::value;
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+      uint32_t a[kATiles][4];
+#pragma unroll
+      for (int i = 0; i < kATiles; ++i) a_frag(a[i], kk, i);
+#pragma unroll
+      for (int jp = 0; jp < kBPairs; ++jp) {
+        uint32_t b[4];
+        b_frag(b, kk, jp);
+#pragma unroll
+        for (int i = 0; i < kATiles; ++i) {
+          ptx::mma_16816<T>(acc[i][2 * jp], a[i], b[0], b[1]);
+          ptx::mma_16816<T>(acc[i][2 * jp + 1], a[i], b[2], b[3]);
+        }
+      }
+    }
+  };
+  using SSteps = std::integral_constant<int, kHeadDim / 16>;
+  using SKeyTiles = std::integral_constant<int, kSKeyTiles>;
+  using SPairs = std::integral_constant<int, kSTiles / 2>;
 
   int head = kv_head * group_size, m_start = m_lo;  // this step's query head and block
   for (int step = 0; step < num_steps; ++step) {
@@ -337,39 +378,35 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
     const float* lse2 = smem_stats + buffer * 2 * kBlockM;
     const float* dsum = lse2 + kBlockM;
 
-    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: this warp's 16 keys × kQCols queries.
-    float s[kSTiles][4], dp[kSTiles][4];
+    // Sᵀ = K Qᵀ, then dPᵀ = V dOᵀ (one after the other: only one GEMM's fragments are live).
+    float s[kSKeyTiles][kSTiles][4], dp[kSKeyTiles][kSTiles][4];
 #pragma unroll
-    for (int j = 0; j < kSTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
-    const uint32_t q_b = q_tile + 2 * swizzled<kHeadDim>(wq * kQCols + b_row, b_chunk);
-    const uint32_t do_b = do_tile + 2 * swizzled<kHeadDim>(wq * kQCols + b_row, b_chunk);
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t k_frag[4], v_frag[4];
-      ptx::ldmatrix_x4(k_frag, swizzled_chunk_addr(k_a, 2 * kk));
-      ptx::ldmatrix_x4(v_frag, swizzled_chunk_addr(v_a, 2 * kk));
-#pragma unroll
-      for (int jp = 0; jp < kSTiles / 2; ++jp) {
-        uint32_t q_frag[4], do_frag[4];
-        ptx::ldmatrix_x4(q_frag, swizzled_chunk_addr(q_b, 2 * kk) + 16 * jp * kRowBytes);
-        ptx::ldmatrix_x4(do_frag, swizzled_chunk_addr(do_b, 2 * kk) + 16 * jp * kRowBytes);
-        ptx::mma_16816<T>(s[2 * jp], k_frag, q_frag[0], q_frag[1]);
-        ptx::mma_16816<T>(s[2 * jp + 1], k_frag, q_frag[2], q_frag[3]);
-        ptx::mma_16816<T>(dp[2 * jp], v_frag, do_frag[0], do_frag[1]);
-        ptx::mma_16816<T>(dp[2 * jp + 1], v_frag, do_frag[2], do_frag[3]);
-      }
-    }
-
-    // Soft-cap (rare: a uniform branch), then the mask, only on blocks that cross a boundary;
-    // element (j, e) of this thread is key key0 + 8 · (e / 2), query query0 + 8 · j + e % 2.
-    const int key0 = n_start + 16 * wk + group, query0 = m_start + wq * kQCols + 2 * quad;
-    if (softcap_on) {
+    for (int i = 0; i < kSKeyTiles; ++i)
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] = p.softcap * tanhf(s[j][e] * cap_scale);
+        for (int e = 0; e < 4; ++e) s[i][j][e] = dp[i][j][e] = 0.0f;
+    const uint32_t q_b = q_tile + 2 * swizzled<kHeadDim>(s_query0 + b_row, b_chunk);
+    const uint32_t do_b = do_tile + 2 * swizzled<kHeadDim>(s_query0 + b_row, b_chunk);
+    gemm(
+        s, SSteps{}, SKeyTiles{}, SPairs{},
+        [&](uint32_t(&a)[4], int kk, int i) { ptx::ldmatrix_x4(a, swizzled_chunk_addr(k_a, 2 * kk) + 16 * i * kRowBytes); },
+        [&](uint32_t(&b)[4], int kk, int jp) { ptx::ldmatrix_x4(b, swizzled_chunk_addr(q_b, 2 * kk) + 16 * jp * kRowBytes); });
+    gemm(
+        dp, SSteps{}, SKeyTiles{}, SPairs{},
+        [&](uint32_t(&a)[4], int kk, int i) { ptx::ldmatrix_x4(a, swizzled_chunk_addr(v_a, 2 * kk) + 16 * i * kRowBytes); },
+        [&](uint32_t(&b)[4], int kk, int jp) { ptx::ldmatrix_x4(b, swizzled_chunk_addr(do_b, 2 * kk) + 16 * jp * kRowBytes); });
+
+    // Soft-cap (rare: a uniform branch), then the mask, only on blocks that cross a boundary;
+    // element (i, j, e) of this thread is key key0 + 16 · i + 8 · (e / 2), query query0 + 8 · j + e % 2.
+    const int key0 = n_start + s_key0 + group, query0 = m_start + s_query0 + 2 * quad;
+    if (softcap_on) {
+#pragma unroll
+      for (int i = 0; i < kSKeyTiles; ++i)
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[i][j][e] = p.softcap * tanhf(s[i][j][e] * cap_scale);
     }
     const bool full_block = n_start + kBlockN <= seq.seqlen_k && m_start + kBlockM <= seq.seqlen_q &&
                             (p.window_right < 0 || n_last <= m_start + diag + p.window_right) &&
@@ -383,17 +420,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
       const auto mask = [&](auto with_lo) {
         constexpr bool kWithLo = decltype(with_lo)::value;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int key = key0 + 8 * r;
-          const int hi = key >= seq.seqlen_k ? 0
-                         : p.window_left < 0 ? seq.seqlen_q
-                                             : min(seq.seqlen_q, key - diag + p.window_left + 1);
-          const int hi_rel = hi - query0, lo_rel = key - diag - p.window_right - query0;
+        for (int i = 0; i < kSKeyTiles; ++i) {
 #pragma unroll
-          for (int j = 0; j < kSTiles; ++j) {
+          for (int r = 0; r < 2; ++r) {
+            const int key = key0 + 16 * i + 8 * r;
+            const int hi = key >= seq.seqlen_k ? 0
+                           : p.window_left < 0 ? seq.seqlen_q
+                                               : min(seq.seqlen_q, key - diag + p.window_left + 1);
+            const int hi_rel = hi - query0, lo_rel = key - diag - p.window_right - query0;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              if (8 * j + e >= hi_rel || (kWithLo && 8 * j + e < lo_rel)) s[j][2 * r + e] = -INFINITY;
+            for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                if (8 * j + e >= hi_rel || (kWithLo && 8 * j + e < lo_rel)) s[i][j][2 * r + e] = -INFINITY;
+              }
             }
           }
         }
@@ -412,20 +452,23 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
       constexpr bool kCapped = decltype(capped)::value;
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j) {
-        const int col = wq * kQCols + 8 * j + 2 * quad;
+        const int col = s_query0 + 8 * j + 2 * quad;
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + col);
         const float2 d2 = *reinterpret_cast<const float2*>(dsum + col);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = s[j][e];
-          const float prob = ptx::exp2_approx(fmaf(x, score_scale, -(e % 2 ? l2.y : l2.x)));
-          float ds = prob * (dp[j][e] - (e % 2 ? d2.y : d2.x));
-          if constexpr (kCapped) {
-            const float t = x * inv_softcap;
-            ds = prob > 0.0f ? ds * (1.0f - t * t) : 0.0f;  // (masked: x = −inf)
+        for (int i = 0; i < kSKeyTiles; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float x = s[i][j][e];
+            const float prob = ptx::exp2_approx(fmaf(x, score_scale, -(e % 2 ? l2.y : l2.x)));
+            float ds = prob * (dp[i][j][e] - (e % 2 ? d2.y : d2.x));
+            if constexpr (kCapped) {
+              const float t = x * inv_softcap;
+              ds = prob > 0.0f ? ds * (1.0f - t * t) : 0.0f;  // (masked: x = −inf)
+            }
+            s[i][j][e] = prob;
+            dp[i][j][e] = ds;
           }
-          s[j][e] = prob;
-          dp[j][e] = ds;
         }
       }
     };
@@ -435,85 +478,66 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
       probs_and_ds(std::false_type{});
     }
 
-    // Pᵀ and dSᵀ as 16-bit A fragments: k16 step kk covers this warp's queries 16 · kk + [0, 16).
-    uint32_t p16[kSTiles][2], ds16[kSTiles][2];
+    // Pᵀ and dSᵀ to shared memory in 16 bits (rows = keys): the dV/dK GEMMs read them with other
+    // warps' keys than the ones that computed them, and dQ = dS K reads dSᵀ transposed.
 #pragma unroll
-    for (int j = 0; j < kSTiles; ++j) {
-      p16[j][0] = ptx::pack2<T>(s[j][0], s[j][1]);
-      p16[j][1] = ptx::pack2<T>(s[j][2], s[j][3]);
-      ds16[j][0] = ptx::pack2<T>(dp[j][0], dp[j][1]);
-      ds16[j][1] = ptx::pack2<T>(dp[j][2], dp[j][3]);
-    }
-    // dSᵀ to shared memory (rows = keys), for dQ; and Pᵀ too when a key slab spans two warps.
-    {
-      const int row = 16 * wk + group;
+    for (int i = 0; i < kSKeyTiles; ++i) {
 #pragma unroll
-      for (int j = 0; j < kSTiles; ++j) {
-        const int chunk = (wq * kQCols + 8 * j) / 8;
+      for (int r = 0; r < 2; ++r) {
+        const int row = s_key0 + 16 * i + group + 8 * r;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          *reinterpret_cast<uint32_t*>(smem_ds + swizzled<kBlockM>(row + 8 * r, chunk) + 2 * quad) = ds16[j][r];
-          if constexpr (Config::kPThroughSmem) {
-            *reinterpret_cast<uint32_t*>(smem_p + swizzled<kBlockM>(row + 8 * r, chunk) + 2 * quad) = p16[j][r];
-          }
+        for (int j = 0; j < kSTiles; ++j) {
+          const int at = swizzled<kBlockM>(row, (s_query0 + 8 * j) / 8) + 2 * quad;
+          *reinterpret_cast<uint32_t*>(smem_p + at) = ptx::pack2<T>(s[i][j][2 * r], s[i][j][2 * r + 1]);
+          *reinterpret_cast<uint32_t*>(smem_ds + at) = ptx::pack2<T>(dp[i][j][2 * r], dp[i][j][2 * r + 1]);
         }
       }
     }
-    if constexpr (Config::kPThroughSmem) __syncthreads();  // every key slab's Pᵀ and dSᵀ are whole
+    __syncthreads();  // Pᵀ and dSᵀ are whole
 
-    // dV += Pᵀ dO and dK += dSᵀ Q: this warp's 16 keys × kDCols columns, k = the block's queries.
+    // dV += Pᵀ dO and dK += dSᵀ Q: this warp's keys × kDCols columns, k = the block's queries.
+    using KVSteps = std::integral_constant<int, kBlockM / 16>;
+    using KVKeyTiles = std::integral_constant<int, kKVKeyTiles>;
+    using KVPairs = std::integral_constant<int, kDTiles / 2>;
     const uint32_t do_bt = do_tile + 2 * swizzled<kHeadDim>(bt_row, bt_chunk);
     const uint32_t q_bt = q_tile + 2 * swizzled<kHeadDim>(bt_row, bt_chunk);
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      uint32_t pa[4], dsa[4];
-      if constexpr (Config::kPThroughSmem) {
-        ptx::ldmatrix_x4(pa, swizzled_chunk_addr(p_a, 2 * kk));
-        ptx::ldmatrix_x4(dsa, swizzled_chunk_addr(ds_a, 2 * kk));
-      } else {
-        pa[0] = p16[2 * kk][0], pa[1] = p16[2 * kk][1], pa[2] = p16[2 * kk + 1][0], pa[3] = p16[2 * kk + 1][1];
-        dsa[0] = ds16[2 * kk][0], dsa[1] = ds16[2 * kk][1], dsa[2] = ds16[2 * kk + 1][0], dsa[3] = ds16[2 * kk + 1][1];
-      }
-#pragma unroll
-      for (int tp = 0; tp < kDTiles / 2; ++tp) {
-        const int chunk = wq * (kDCols / 8) + 2 * tp;
-        uint32_t do_frag[4], q_frag[4];
-        ptx::ldmatrix_x4_trans(do_frag, swizzled_chunk_addr(do_bt, chunk) + 16 * kk * kRowBytes);
-        ptx::ldmatrix_x4_trans(q_frag, swizzled_chunk_addr(q_bt, chunk) + 16 * kk * kRowBytes);
-        ptx::mma_16816<T>(acc_dv[2 * tp], pa, do_frag[0], do_frag[1]);
-        ptx::mma_16816<T>(acc_dv[2 * tp + 1], pa, do_frag[2], do_frag[3]);
-        ptx::mma_16816<T>(acc_dk[2 * tp], dsa, q_frag[0], q_frag[1]);
-        ptx::mma_16816<T>(acc_dk[2 * tp + 1], dsa, q_frag[2], q_frag[3]);
-      }
-    }
-    // dSᵀ is whole (split warps: already); single-buffered, every warp is also done with Q and dO,
-    // so the next step's tiles load under the dQ GEMM.
-    if constexpr (!Config::kPThroughSmem || Config::kQBuffers == 1) __syncthreads();
+    gemm(
+        acc_dv, KVSteps{}, KVKeyTiles{}, KVPairs{},
+        [&](uint32_t(&a)[4], int kk, int i) { ptx::ldmatrix_x4(a, swizzled_chunk_addr(p_a, 2 * kk) + 16 * i * kSRowBytes); },
+        [&](uint32_t(&b)[4], int kk, int tp) {
+          ptx::ldmatrix_x4_trans(b, swizzled_chunk_addr(do_bt, kv_col0 / 8 + 2 * tp) + 16 * kk * kRowBytes);
+        });
+    gemm(
+        acc_dk, KVSteps{}, KVKeyTiles{}, KVPairs{},
+        [&](uint32_t(&a)[4], int kk, int i) { ptx::ldmatrix_x4(a, swizzled_chunk_addr(ds_a, 2 * kk) + 16 * i * kSRowBytes); },
+        [&](uint32_t(&b)[4], int kk, int tp) {
+          ptx::ldmatrix_x4_trans(b, swizzled_chunk_addr(q_bt, kv_col0 / 8 + 2 * tp) + 16 * kk * kRowBytes);
+        });
+    // Single-buffered Q and dO: every warp is done with them, so the next step's load under the dQ GEMM.
     if constexpr (Config::kQBuffers == 1) {
+      __syncthreads();
       if (has_next) load_q_do(next_head, next_m, 0);
       ptx::cp_async_commit();
     }
 
-    // dQ (this block's keys' share) = dS K: warp rows 16 · (warp % 4), columns (warp / 4) · kDqCols;
+    // dQ (this block's keys' share) = dS K: this warp's 16 · kDqRowTiles queries × kDqCols columns,
     // added into dq_accum (fp32 atomics; scaled by softmax_scale when converted).
     {
-      const int rt = warp % Config::kDqRowTiles, col0 = (warp / Config::kDqRowTiles) * kDqCols;
-      float acc_dq[kDqTiles][4];
+      float acc_dq[kDqRowTiles][kDqTiles][4];
 #pragma unroll
-      for (int t = 0; t < kDqTiles; ++t) acc_dq[t][0] = acc_dq[t][1] = acc_dq[t][2] = acc_dq[t][3] = 0.0f;
+      for (int i = 0; i < kDqRowTiles; ++i)
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        uint32_t dsa[4];
-        // dSᵀ rows (keys) 16 · kk + ..., columns (queries) 16 · rt + ...: transposed, the A fragment of dS.
-        ptx::ldmatrix_x4_trans(dsa, swizzled_chunk_addr(ds_at, 2 * rt) + 16 * kk * (2 * kBlockM));
-#pragma unroll
-        for (int tp = 0; tp < kDqTiles / 2; ++tp) {
-          uint32_t k_frag[4];
-          ptx::ldmatrix_x4_trans(k_frag, swizzled_chunk_addr(k_bt, col0 / 8 + 2 * tp) + 16 * kk * kRowBytes);
-          ptx::mma_16816<T>(acc_dq[2 * tp], dsa, k_frag[0], k_frag[1]);
-          ptx::mma_16816<T>(acc_dq[2 * tp + 1], dsa, k_frag[2], k_frag[3]);
-        }
-      }
+        for (int t = 0; t < kDqTiles; ++t) acc_dq[i][t][0] = acc_dq[i][t][1] = acc_dq[i][t][2] = acc_dq[i][t][3] = 0.0f;
+      // A: dSᵀ rows (keys) 16 · kk + ..., columns (queries) dq_row0 + 16 · i + ..., transposed.
+      gemm(
+          acc_dq, std::integral_constant<int, kBlockN / 16>{}, std::integral_constant<int, kDqRowTiles>{},
+          std::integral_constant<int, kDqTiles / 2>{},
+          [&](uint32_t(&a)[4], int kk, int i) {
+            ptx::ldmatrix_x4_trans(a, swizzled_chunk_addr(ds_at, dq_row0 / 8 + 2 * i) + 16 * kk * kSRowBytes);
+          },
+          [&](uint32_t(&b)[4], int kk, int tp) {
+            ptx::ldmatrix_x4_trans(b, swizzled_chunk_addr(k_bt, dq_col0 / 8 + 2 * tp) + 16 * kk * kRowBytes);
+          });
       // Deterministic: this block adds after every key block before it that sees the same query
       // block (they run the same steps in the same order; blocks start in grid order, so the
       // ones waited for are running or done), with plain loads and stores through L2.
@@ -535,20 +559,23 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
       const bool whole = m_start + kBlockM <= seq.seqlen_q && p.head_dim == kHeadDim;
       const auto add_dq = [&](auto deterministic, auto checked) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = m_start + 16 * rt + group + 8 * r;
-          float* dst = w.dq_accum + ((accum_row0 + row) * p.heads + head) * p.head_dim + col0 + 2 * quad;
+        for (int i = 0; i < kDqRowTiles; ++i) {
 #pragma unroll
-          for (int t = 0; t < kDqTiles; ++t) {
-            if constexpr (decltype(checked)::value) {
-              if (row >= seq.seqlen_q || col0 + 8 * t + 2 * quad >= p.head_dim) continue;
-            }
-            if constexpr (decltype(deterministic)::value) {
-              const float2 old = __ldcg(reinterpret_cast<const float2*>(dst + 8 * t));
-              __stcg(reinterpret_cast<float2*>(dst + 8 * t),
-                     make_float2(old.x + acc_dq[t][2 * r], old.y + acc_dq[t][2 * r + 1]));
-            } else {
-              ptx::red_add_f32x2(dst + 8 * t, acc_dq[t][2 * r], acc_dq[t][2 * r + 1]);
+          for (int r = 0; r < 2; ++r) {
+            const int row = m_start + dq_row0 + 16 * i + group + 8 * r;
+            float* dst = w.dq_accum + ((accum_row0 + row) * p.heads + head) * p.head_dim + dq_col0 + 2 * quad;
+#pragma unroll
+            for (int t = 0; t < kDqTiles; ++t) {
+              if constexpr (decltype(checked)::value) {
+                if (row >= seq.seqlen_q || dq_col0 + 8 * t + 2 * quad >= p.head_dim) continue;
+              }
+              if constexpr (decltype(deterministic)::value) {
+                const float2 old = __ldcg(reinterpret_cast<const float2*>(dst + 8 * t));
+                __stcg(reinterpret_cast<float2*>(dst + 8 * t),
+                       make_float2(old.x + acc_dq[i][t][2 * r], old.y + acc_dq[i][t][2 * r + 1]));
+              } else {
+                ptx::red_add_f32x2(dst + 8 * t, acc_dq[i][t][2 * r], acc_dq[i][t][2 * r + 1]);
+              }
             }
           }
         }
@@ -579,17 +606,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   T* dv = static_cast<T*>(p.dv) + (varlen ? seq.k_start * p.dv_row_stride : batch * p.dv_batch_stride) +
           kv_head * p.dv_head_stride;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = n_start + 16 * wk + group + 8 * r;
-    if (key >= seq.seqlen_k) continue;
+  for (int i = 0; i < kKVKeyTiles; ++i) {
 #pragma unroll
-    for (int t = 0; t < kDTiles; ++t) {
-      const int col = wq * kDCols + 8 * t + 2 * quad;
-      if (col < p.head_dim) {
-        *reinterpret_cast<uint32_t*>(dk + int64_t(key) * p.dk_row_stride + col) =
-            ptx::pack2<T>(acc_dk[t][2 * r] * p.softmax_scale, acc_dk[t][2 * r + 1] * p.softmax_scale);
-        *reinterpret_cast<uint32_t*>(dv + int64_t(key) * p.dv_row_stride + col) =
-            ptx::pack2<T>(acc_dv[t][2 * r], acc_dv[t][2 * r + 1]);
+    for (int r = 0; r < 2; ++r) {
+      const int key = n_start + kv_key0 + 16 * i + group + 8 * r;
+      if (key >= seq.seqlen_k) continue;
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) {
+        const int col = kv_col0 + 8 * t + 2 * quad;
+        if (col < p.head_dim) {
+          *reinterpret_cast<uint32_t*>(dk + int64_t(key) * p.dk_row_stride + col) =
+              ptx::pack2<T>(acc_dk[i][t][2 * r] * p.softmax_scale, acc_dk[i][t][2 * r + 1] * p.softmax_scale);
+          *reinterpret_cast<uint32_t*>(dv + int64_t(key) * p.dv_row_stride + col) =
+              ptx::pack2<T>(acc_dv[i][t][2 * r], acc_dv[i][t][2 * r + 1]);
+        }
       }
     }
   }
@@ -611,7 +641,7 @@ cudaError_t launch_flash_bwd_config(const FlashBwdParams& p, const BwdWorkspace&
 template <int kHeadDim>
 int bwd_smem_bytes(int max_smem_per_block) {
   using Full = FlashBwdConfig<kHeadDim>;
-  using Compact = FlashBwdConfig<kHeadDim, kHeadDim != 64>;
+  using Compact = FlashBwdConfig<kHeadDim, true>;
   if (max_smem_per_block >= Full::kSmemBytes) return Full::kSmemBytes;
   return max_smem_per_block >= Compact::kSmemBytes ? Compact::kSmemBytes : 0;
 }
@@ -619,7 +649,7 @@ int bwd_smem_bytes(int max_smem_per_block) {
 template <typename T, int kHeadDim>
 cudaError_t launch_flash_bwd(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
   using Full = FlashBwdConfig<kHeadDim>;
-  static_assert(Full::kBlockM == 64, "flash_bwd_workspace_bytes sizes the counters for 64-row query blocks");
+  static_assert(Full::kBlockM % 64 == 0, "flash_bwd_workspace_bytes sizes the counters for 64-row query blocks");
   const int budget = p.max_smem_per_block > 0 ? p.max_smem_per_block : current_device_max_smem_per_block();
   const int smem = bwd_smem_bytes<kHeadDim>(budget);
   if (smem == 0) return cudaErrorInvalidConfiguration;  // the glue says so in words first
@@ -631,12 +661,8 @@ cudaError_t launch_flash_bwd(const FlashBwdParams& p, void* workspace, cudaStrea
   }
   flash_bwd_preprocess<T><<<unsigned((pairs + 7) / 8), 256, 0, stream>>>(p, w);
   FX_RETURN_IF_ERROR(cudaGetLastError());
-  if constexpr (kHeadDim != 64) {
-    if (smem != Full::kSmemBytes) {
-      FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, FlashBwdConfig<kHeadDim, true>>(p, w, stream)));
-    } else {
-      FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, Full>(p, w, stream)));
-    }
+  if (smem != Full::kSmemBytes) {
+    FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, FlashBwdConfig<kHeadDim, true>>(p, w, stream)));
   } else {
     FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, Full>(p, w, stream)));
   }
