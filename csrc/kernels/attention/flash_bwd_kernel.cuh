@@ -336,12 +336,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
 
   // acc[i][j] += A_i B_j over k16 steps kk < kSteps, A fragments of kATiles m16 tiles (a(kk, i)
   // loads tile i's) and B fragments in n8 pairs (b(kk, jp) loads pair jp): one A fragment per m16
-  // tile per step, reused by every n8 tile of the warp.
-  const auto gemm = [](auto& acc, auto steps, auto a_tiles, auto b_pairs, auto a_frag, auto b_frag) {
+  // tile per step, reused by every n8 tile of the warp. An on_step(kk) hook puts other work
+  // between the steps' MMAs (in-order issue: work placed before or after a GEMM waits for it).
+  const auto gemm = [](auto& acc, auto steps, auto a_tiles, auto b_pairs, auto a_frag, auto b_frag,
+                       auto... on_step) {
     constexpr int kSteps = decltype(steps)::value, kATiles = decltype(a_tiles)::value;
     constexpr int kBPairs = decltype(b_pairs)::value;
 #pragma unroll
     for (int kk = 0; kk < kSteps; ++kk) {
+      (on_step(kk), ...);  // other work to interleave with this k-step's MMAs
       uint32_t a[kATiles][4];
 #pragma unroll
       for (int i = 0; i < kATiles; ++i) a_frag(a[i], kk, i);
@@ -378,24 +381,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
     const float* lse2 = smem_stats + buffer * 2 * kBlockM;
     const float* dsum = lse2 + kBlockM;
 
-    // Sᵀ = K Qᵀ, then dPᵀ = V dOᵀ (one after the other: only one GEMM's fragments are live).
-    float s[kSKeyTiles][kSTiles][4], dp[kSKeyTiles][kSTiles][4];
+    // Sᵀ = K Qᵀ: this warp's keys × kQCols queries.
+    float s[kSKeyTiles][kSTiles][4];
 #pragma unroll
     for (int i = 0; i < kSKeyTiles; ++i)
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[i][j][e] = dp[i][j][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) s[i][j][e] = 0.0f;
     const uint32_t q_b = q_tile + 2 * swizzled<kHeadDim>(s_query0 + b_row, b_chunk);
     const uint32_t do_b = do_tile + 2 * swizzled<kHeadDim>(s_query0 + b_row, b_chunk);
     gemm(
         s, SSteps{}, SKeyTiles{}, SPairs{},
         [&](uint32_t(&a)[4], int kk, int i) { ptx::ldmatrix_x4(a, swizzled_chunk_addr(k_a, 2 * kk) + 16 * i * kRowBytes); },
         [&](uint32_t(&b)[4], int kk, int jp) { ptx::ldmatrix_x4(b, swizzled_chunk_addr(q_b, 2 * kk) + 16 * jp * kRowBytes); });
-    gemm(
-        dp, SSteps{}, SKeyTiles{}, SPairs{},
-        [&](uint32_t(&a)[4], int kk, int i) { ptx::ldmatrix_x4(a, swizzled_chunk_addr(v_a, 2 * kk) + 16 * i * kRowBytes); },
-        [&](uint32_t(&b)[4], int kk, int jp) { ptx::ldmatrix_x4(b, swizzled_chunk_addr(do_b, 2 * kk) + 16 * jp * kRowBytes); });
 
     // Soft-cap (rare: a uniform branch), then the mask, only on blocks that cross a boundary;
     // element (i, j, e) of this thread is key key0 + 16 · i + 8 · (e / 2), query query0 + 8 · j + e % 2.
@@ -446,28 +445,64 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
     }
 
     // P = 2^(s · c − lse · log2 e) (0 where masked, and for a row that saw no key: lse2 = +inf)
-    // and dS = P ∘ (dP − D), soft-capped ∘ (1 − tanh²). The row statistics of this thread's two
-    // columns per n8 tile are one 8-byte shared load each.
+    // spread over the k-steps of dPᵀ = V dOᵀ, so the exponentials issue between its MMAs instead
+    // of holding them back; then dS = P ∘ (dP − D), soft-capped ∘ (1 − tanh²), and Pᵀ, dSᵀ to
+    // shared memory in 16 bits: the dV/dK GEMMs read them with other warps' keys than the ones
+    // that computed them, and dQ = dS K reads dSᵀ transposed. One basic block per soft-cap setting
+    // (a template lambda). The row statistics of this thread's two columns per n8 tile are one
+    // 8-byte shared load each.
     const auto probs_and_ds = [&](auto capped) {
       constexpr bool kCapped = decltype(capped)::value;
+      constexpr int kElems = kSKeyTiles * kSTiles * 4, kPerStep = (kElems + SSteps::value - 1) / SSteps::value;
+      float2 l2[kSTiles];
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j) l2[j] = *reinterpret_cast<const float2*>(lse2 + s_query0 + 8 * j + 2 * quad);
+      float prob[kSKeyTiles][kSTiles][4], dp[kSKeyTiles][kSTiles][4];
+#pragma unroll
+      for (int i = 0; i < kSKeyTiles; ++i)
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dp[i][j][e] = 0.0f;
+      const auto probs_part = [&](int kk) {  // elements [kk · kPerStep, (kk + 1) · kPerStep) of P
+#pragma unroll
+        for (int n = kk * kPerStep; n < (kk + 1) * kPerStep && n < kElems; ++n) {
+          const int e = n % 4, j = n / 4 % kSTiles, i = n / 4 / kSTiles;
+          const float x = s[i][j][e];
+          prob[i][j][e] = ptx::exp2_approx(fmaf(x, score_scale, -(e % 2 ? l2[j].y : l2[j].x)));
+          if constexpr (kCapped) {
+            const float t = x * inv_softcap;
+            s[i][j][e] = prob[i][j][e] > 0.0f ? 1.0f - t * t : 0.0f;  // d capped / d raw (masked: x = −inf)
+          }
+        }
+      };
+      gemm(
+          dp, SSteps{}, SKeyTiles{}, SPairs{},
+          [&](uint32_t(&a)[4], int kk, int i) { ptx::ldmatrix_x4(a, swizzled_chunk_addr(v_a, 2 * kk) + 16 * i * kRowBytes); },
+          [&](uint32_t(&b)[4], int kk, int jp) { ptx::ldmatrix_x4(b, swizzled_chunk_addr(do_b, 2 * kk) + 16 * jp * kRowBytes); },
+          probs_part);
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j) {
-        const int col = s_query0 + 8 * j + 2 * quad;
-        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + col);
-        const float2 d2 = *reinterpret_cast<const float2*>(dsum + col);
+        const float2 d2 = *reinterpret_cast<const float2*>(dsum + s_query0 + 8 * j + 2 * quad);
 #pragma unroll
         for (int i = 0; i < kSKeyTiles; ++i) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float x = s[i][j][e];
-            const float prob = ptx::exp2_approx(fmaf(x, score_scale, -(e % 2 ? l2.y : l2.x)));
-            float ds = prob * (dp[i][j][e] - (e % 2 ? d2.y : d2.x));
-            if constexpr (kCapped) {
-              const float t = x * inv_softcap;
-              ds = prob > 0.0f ? ds * (1.0f - t * t) : 0.0f;  // (masked: x = −inf)
-            }
-            s[i][j][e] = prob;
-            dp[i][j][e] = ds;
+            dp[i][j][e] = prob[i][j][e] * (dp[i][j][e] - (e % 2 ? d2.y : d2.x));
+            if constexpr (kCapped) dp[i][j][e] *= s[i][j][e];
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kSKeyTiles; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = s_key0 + 16 * i + group + 8 * r;
+#pragma unroll
+          for (int j = 0; j < kSTiles; ++j) {
+            const int at = swizzled<kBlockM>(row, (s_query0 + 8 * j) / 8) + 2 * quad;
+            *reinterpret_cast<uint32_t*>(smem_p + at) = ptx::pack2<T>(prob[i][j][2 * r], prob[i][j][2 * r + 1]);
+            *reinterpret_cast<uint32_t*>(smem_ds + at) = ptx::pack2<T>(dp[i][j][2 * r], dp[i][j][2 * r + 1]);
           }
         }
       }
@@ -476,22 +511,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
       probs_and_ds(std::true_type{});
     } else {
       probs_and_ds(std::false_type{});
-    }
-
-    // Pᵀ and dSᵀ to shared memory in 16 bits (rows = keys): the dV/dK GEMMs read them with other
-    // warps' keys than the ones that computed them, and dQ = dS K reads dSᵀ transposed.
-#pragma unroll
-    for (int i = 0; i < kSKeyTiles; ++i) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = s_key0 + 16 * i + group + 8 * r;
-#pragma unroll
-        for (int j = 0; j < kSTiles; ++j) {
-          const int at = swizzled<kBlockM>(row, (s_query0 + 8 * j) / 8) + 2 * quad;
-          *reinterpret_cast<uint32_t*>(smem_p + at) = ptx::pack2<T>(s[i][j][2 * r], s[i][j][2 * r + 1]);
-          *reinterpret_cast<uint32_t*>(smem_ds + at) = ptx::pack2<T>(dp[i][j][2 * r], dp[i][j][2 * r + 1]);
-        }
-      }
     }
     __syncthreads();  // Pᵀ and dSᵀ are whole
 
