@@ -218,6 +218,17 @@ __global__ void __launch_bounds__(256) flash_bwd_convert_dq(const FlashBwdParams
   *reinterpret_cast<uint4*>(dq + c * 8) = out;
 }
 
+// Zero an array of mma accumulators (m16 tiles × n8 tiles × 4 values).
+template <int kRowTiles, int kColTiles>
+FX_DEVICE void zero_accumulators(float (&acc)[kRowTiles][kColTiles][4]) {
+#pragma unroll
+  for (int i = 0; i < kRowTiles; ++i)
+#pragma unroll
+    for (int j = 0; j < kColTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+}
+
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const FlashBwdParams p, const BwdWorkspace w) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
@@ -300,12 +311,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
 
   // dK and dV of this warp's 16 · kKVKeyTiles keys × kDCols columns.
   float acc_dk[kKVKeyTiles][kDTiles][4], acc_dv[kKVKeyTiles][kDTiles][4];
-#pragma unroll
-  for (int i = 0; i < kKVKeyTiles; ++i)
-#pragma unroll
-    for (int t = 0; t < kDTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_dk[i][t][e] = acc_dv[i][t][e] = 0.0f;
+  zero_accumulators(acc_dk);
+  zero_accumulators(acc_dv);
 
   // Prologue: K and V, then the first step's Q, dO and row statistics (a key block that no query
   // sees only writes its zero dK and dV).
@@ -383,12 +390,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
 
     // Sᵀ = K Qᵀ: this warp's keys × kQCols queries.
     float s[kSKeyTiles][kSTiles][4];
-#pragma unroll
-    for (int i = 0; i < kSKeyTiles; ++i)
-#pragma unroll
-      for (int j = 0; j < kSTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[i][j][e] = 0.0f;
+    zero_accumulators(s);
     const uint32_t q_b = q_tile + 2 * swizzled<kHeadDim>(s_query0 + b_row, b_chunk);
     const uint32_t do_b = do_tile + 2 * swizzled<kHeadDim>(s_query0 + b_row, b_chunk);
     gemm(
@@ -458,12 +460,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j) l2[j] = *reinterpret_cast<const float2*>(lse2 + s_query0 + 8 * j + 2 * quad);
       float prob[kSKeyTiles][kSTiles][4], dp[kSKeyTiles][kSTiles][4];
-#pragma unroll
-      for (int i = 0; i < kSKeyTiles; ++i)
-#pragma unroll
-        for (int j = 0; j < kSTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dp[i][j][e] = 0.0f;
+      zero_accumulators(dp);
       const auto probs_part = [&](int kk) {  // elements [kk · kPerStep, (kk + 1) · kPerStep) of P
 #pragma unroll
         for (int n = kk * kPerStep; n < (kk + 1) * kPerStep && n < kElems; ++n) {
@@ -543,10 +540,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
     // added into dq_accum (fp32 atomics; scaled by softmax_scale when converted).
     {
       float acc_dq[kDqRowTiles][kDqTiles][4];
-#pragma unroll
-      for (int i = 0; i < kDqRowTiles; ++i)
-#pragma unroll
-        for (int t = 0; t < kDqTiles; ++t) acc_dq[i][t][0] = acc_dq[i][t][1] = acc_dq[i][t][2] = acc_dq[i][t][3] = 0.0f;
+      zero_accumulators(acc_dq);
       // A: dSᵀ rows (keys) 16 · kk + ..., columns (queries) dq_row0 + 16 · i + ..., transposed.
       gemm(
           acc_dq, std::integral_constant<int, kBlockN / 16>{}, std::integral_constant<int, kDqRowTiles>{},
