@@ -256,16 +256,25 @@ TYPED_TEST(FlashBwdKernel, CompactTilesForLessSharedMemory) {
   run_case<TypeParam>(d256);
 }
 
+// Every query-block size the kernels step by: 64 rows (D = 128, 256, compact D = 64) and 128
+// (D = 64 on Hopper), whose counters share the workspace's 64-row layout.
 TEST(FlashBwd, DeterministicIsBitwiseRepeatable) {
   FX_SKIP_WITHOUT_GPU();
-  Problem<__nv_bfloat16> prob({2, 300, 300, 4, 2, 128, /*causal=*/true});
-  std::vector<__nv_bfloat16> dq0, dk0, dv0, dq, dk, dv;
-  prob.run(true, dq0, dk0, dv0);
-  for (int i = 0; i < 5; ++i) {
-    prob.run(true, dq, dk, dv);
-    ASSERT_EQ(std::memcmp(dq.data(), dq0.data(), dq.size() * sizeof(dq[0])), 0) << "run " << i;
-    ASSERT_EQ(std::memcmp(dk.data(), dk0.data(), dk.size() * sizeof(dk[0])), 0) << "run " << i;
-    ASSERT_EQ(std::memcmp(dv.data(), dv0.data(), dv.size() * sizeof(dv[0])), 0) << "run " << i;
+  Case compact64{2, 300, 300, 4, 2, 64, /*causal=*/true};
+  compact64.max_smem = 99 * 1024;
+  for (const Case& c : {Case{2, 300, 300, 4, 2, 128, /*causal=*/true}, Case{2, 300, 300, 4, 2, 64, /*causal=*/true},
+                        compact64, Case{1, 200, 260, 2, 1, 256}}) {
+    Problem<__nv_bfloat16> prob(c);
+    std::vector<__nv_bfloat16> dq0, dk0, dv0, dq, dk, dv;
+    prob.run(true, dq0, dk0, dv0);
+    for (int i = 0; i < 5; ++i) {
+      prob.run(true, dq, dk, dv);
+      const std::string what = "D=" + std::to_string(c.head_dim) + " smem=" + std::to_string(c.max_smem) +
+                               " run " + std::to_string(i);
+      ASSERT_EQ(std::memcmp(dq.data(), dq0.data(), dq.size() * sizeof(dq[0])), 0) << what;
+      ASSERT_EQ(std::memcmp(dk.data(), dk0.data(), dk.size() * sizeof(dk[0])), 0) << what;
+      ASSERT_EQ(std::memcmp(dv.data(), dv0.data(), dv.size() * sizeof(dv[0])), 0) << what;
+    }
   }
 }
 

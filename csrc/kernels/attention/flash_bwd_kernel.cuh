@@ -662,20 +662,23 @@ int bwd_smem_bytes(int max_smem_per_block) {
 template <typename T, int kHeadDim>
 cudaError_t launch_flash_bwd(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
   using Full = FlashBwdConfig<kHeadDim>;
-  static_assert(Full::kBlockM % 64 == 0, "flash_bwd_workspace_bytes sizes the counters for 64-row query blocks");
+  using Compact = FlashBwdConfig<kHeadDim, true>;
+  // The workspace holds a deterministic-mode counter per 64-row query block (flash_bwd_workspace_bytes),
+  // enough for either configuration's blocks; all of them are zeroed, whichever one runs.
+  static_assert(Full::kBlockM % 64 == 0 && Compact::kBlockM % 64 == 0, "query blocks of whole 64-row counters");
   const int budget = p.max_smem_per_block > 0 ? p.max_smem_per_block : current_device_max_smem_per_block();
   const int smem = bwd_smem_bytes<kHeadDim>(budget);
   if (smem == 0) return cudaErrorInvalidConfiguration;  // the glue says so in words first
-  const BwdWorkspace w = bwd_workspace<Full::kBlockM>(p, workspace);
+  const BwdWorkspace w = bwd_workspace<64>(p, workspace);
   const int64_t pairs = bwd_rows(p) * p.heads;
   if (pairs == 0) return cudaSuccess;
   if (p.deterministic) {
-    FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count<Full::kBlockM>(p)) * 4, stream));
+    FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count<64>(p)) * 4, stream));
   }
   flash_bwd_preprocess<T><<<unsigned((pairs + 7) / 8), 256, 0, stream>>>(p, w);
   FX_RETURN_IF_ERROR(cudaGetLastError());
   if (smem != Full::kSmemBytes) {
-    FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, FlashBwdConfig<kHeadDim, true>>(p, w, stream)));
+    FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, Compact>(p, w, stream)));
   } else {
     FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, Full>(p, w, stream)));
   }
