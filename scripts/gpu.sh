@@ -183,6 +183,7 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
   build >/dev/null || return 1
   local patches=(${FLASHEXT_AB_PATCH:-}) names=(a) dirs=("$ROOT") letters=(b c d e f) i
   [ ${#patches[@]} -eq 0 ] && patches=("")  # flags alone: one variant
+  [ ${#patches[@]} -le ${#letters[@]} ] || { echo "ab: at most ${#letters[@]} variants (patches) per run"; return 2; }
   for i in "${!patches[@]}"; do
     local name=${letters[$i]} dir=/tmp/flashext_ab_${letters[$i]}
     rm -rf "$dir" && cp -r "$ROOT" "$dir" || return 1

@@ -110,7 +110,7 @@ size_t flash_bwd_workspace_bytes(const FlashBwdParams& params);
 
 // The shared memory per block the backward needs at this head dim with max_smem_per_block bytes
 // available (0: the current device's opt-in maximum): the tiles it would run, or 0 when none fits
-// (at D = 256 the smallest needs 144 KiB: not sm_86/sm_89's 99).
+// (at D = 256 the smallest needs 145 KiB: not sm_86/sm_89's 99).
 int flash_bwd_smem_bytes(int head_dim, int max_smem_per_block = 0);
 
 cudaError_t run_flash_bwd(const FlashBwdParams& params, void* workspace, cudaStream_t stream);

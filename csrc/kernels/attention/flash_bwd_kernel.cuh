@@ -14,7 +14,7 @@
 // transposed, keys as rows: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, then dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ
 // and dSᵀ (16-bit, rows = keys) read back from shared memory as A operands, and dQ = dS K with
 // dSᵀ read transposed by ldmatrix.trans. Each GEMM phase has its own warp grid (FlashBwdConfig),
-// so a warp's tile is at least 32 × 32 and every fragment it loads feeds two or more MMAs.
+// so a warp's tile is at least 16 × 32 and every fragment it loads feeds two or more MMAs.
 //
 //   D     keys × queries  Sᵀ warp tile  dK/dV warp tile  dQ warp tile  shared memory
 //   64    128 × 128       32 × 64       32 × 32          32 × 32       K, V 2·16 + Q, dO 2·2·16 + Pᵀ, dSᵀ 2·32 = 162 KiB
@@ -46,10 +46,11 @@ namespace attention_detail {
 // D ≥ 128 (the next query block then loads under the dQ GEMM only).
 //
 // Each of the three GEMM phases has its own warp grid, FlashAttention-2's, so that every warp owns a
-// tile at least 32 × 32 and each fragment it loads feeds two or more MMAs: Sᵀ, dPᵀ (keys × queries)
+// tile at least 16 × 32 and each fragment it loads feeds two or more MMAs: Sᵀ, dPᵀ (keys × queries)
 // 4 × 2 warps; dK, dV (keys × head dim) kBlockN / 32 × the rest, 32 keys per warp; dQ (queries ×
-// head dim) 2 × 4. A warp then reads about a fifth fewer shared-memory bytes per step than with
-// one 16-key slab per warp, at the cost of Pᵀ going through shared memory beside dSᵀ.
+// head dim) kBlockM / 32 × the rest, 32 queries per warp. A warp then reads about a fifth fewer
+// shared-memory bytes per step than with one 16-key slab per warp, at the cost of Pᵀ going through
+// shared memory beside dSᵀ.
 template <int kHeadDim_, bool kCompact_ = false>
 struct FlashBwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
