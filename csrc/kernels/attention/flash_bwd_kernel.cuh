@@ -112,13 +112,15 @@ inline BwdStatsLayout bwd_stats_layout(const FlashBwdParams& p) {
 
 inline int64_t bwd_accum_bytes(const FlashBwdParams& p) { return (bwd_rows(p) * p.heads * p.head_dim * 4 + 255) / 256 * 256; }
 
-template <int kBlockM>
-int64_t bwd_counter_count(const FlashBwdParams& p) {
-  return p.deterministic ? int64_t(p.batch) * p.heads * ((p.seqlen_q + kBlockM - 1) / kBlockM) : 0;
+// Deterministic mode: one counter per (batch, head, 64-row query block). Every configuration steps
+// a multiple of 64 rows, so these serve whichever one runs (it indexes its own blocks among them).
+constexpr int kBwdCounterRows = 64;
+
+inline int64_t bwd_counter_count(const FlashBwdParams& p) {
+  return p.deterministic ? int64_t(p.batch) * p.heads * ((p.seqlen_q + kBwdCounterRows - 1) / kBwdCounterRows) : 0;
 }
 
-template <int kBlockM>
-BwdWorkspace bwd_workspace(const FlashBwdParams& p, void* base) {
+inline BwdWorkspace bwd_workspace(const FlashBwdParams& p, void* base) {
   const BwdStatsLayout layout = bwd_stats_layout(p);
   char* b = static_cast<char*>(base);
   return {reinterpret_cast<float*>(b), reinterpret_cast<float*>(b + layout.bytes),
@@ -126,9 +128,8 @@ BwdWorkspace bwd_workspace(const FlashBwdParams& p, void* base) {
           reinterpret_cast<int*>(b + 2 * layout.bytes + bwd_accum_bytes(p)), layout.head_stride, layout.batch_stride};
 }
 
-template <int kBlockM>
-size_t bwd_workspace_bytes(const FlashBwdParams& p) {
-  return size_t(2 * bwd_stats_layout(p).bytes + bwd_accum_bytes(p) + bwd_counter_count<kBlockM>(p) * 4);
+inline size_t bwd_workspace_bytes(const FlashBwdParams& p) {
+  return size_t(2 * bwd_stats_layout(p).bytes + bwd_accum_bytes(p) + bwd_counter_count(p) * 4);
 }
 
 // This sequence's rows (dense batch or packed varlen), clamped as the forward clamps them.
@@ -664,17 +665,16 @@ template <typename T, int kHeadDim>
 cudaError_t launch_flash_bwd(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
   using Full = FlashBwdConfig<kHeadDim>;
   using Compact = FlashBwdConfig<kHeadDim, true>;
-  // The workspace holds a deterministic-mode counter per 64-row query block (flash_bwd_workspace_bytes),
-  // enough for either configuration's blocks; all of them are zeroed, whichever one runs.
-  static_assert(Full::kBlockM % 64 == 0 && Compact::kBlockM % 64 == 0, "query blocks of whole 64-row counters");
+  static_assert(Full::kBlockM % kBwdCounterRows == 0 && Compact::kBlockM % kBwdCounterRows == 0,
+                "the workspace's counters cover either configuration's query blocks");
   const int budget = p.max_smem_per_block > 0 ? p.max_smem_per_block : current_device_max_smem_per_block();
   const int smem = bwd_smem_bytes<kHeadDim>(budget);
   if (smem == 0) return cudaErrorInvalidConfiguration;  // the glue says so in words first
-  const BwdWorkspace w = bwd_workspace<64>(p, workspace);
+  const BwdWorkspace w = bwd_workspace(p, workspace);
   const int64_t pairs = bwd_rows(p) * p.heads;
   if (pairs == 0) return cudaSuccess;
   if (p.deterministic) {
-    FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count<64>(p)) * 4, stream));
+    FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count(p)) * 4, stream));
   }
   flash_bwd_preprocess<T><<<unsigned((pairs + 7) / 8), 256, 0, stream>>>(p, w);
   FX_RETURN_IF_ERROR(cudaGetLastError());
