@@ -140,7 +140,7 @@ def test_varlen_rows_no_sequence_covers_get_zero_gradients():
         assert (g[70:] == 0).all() and torch.isfinite(g).all()
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])  # 128-, 64- and 64-row query steps
+@pytest.mark.parametrize("head_dim", [64, 128, 256])  # 128-, 64- and 128-row query steps
 def test_deterministic_is_bitwise_reproducible(head_dim):
     q, k, v = make_qkv(2, 1000, 1000, 4, 2, head_dim, torch.bfloat16)
     dout = randn(*q.shape, dtype=q.dtype)

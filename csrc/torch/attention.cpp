@@ -427,8 +427,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_varlen_bwd(
   check_cu_seqlens_args(kFlashVarlenBwd, q_in, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   const std::array<c10::SymInt, 2> lse_shape{q_in.sym_size(1), q_in.sym_size(0)};
   check_grad_inputs(kFlashVarlenBwd, q_in, dout_in, out_in, lse_in, dlse_in, lse_shape);
-  // Key rows no sequence covers get no block: dk and dv start at 0 (dq is written everywhere).
-  at::Tensor dq = output_like(q_in, like_inputs, false);
+  // Rows no sequence covers are never written (the kernels visit sequences' rows only): dq, dk and dv
+  // start at 0.
+  at::Tensor dq = output_like(q_in, like_inputs, true);
   at::Tensor dk = output_like(k_in, like_inputs, true);
   at::Tensor dv = output_like(v_in, like_inputs, true);
   if (is_meta(q_in)) return {dq, dk, dv};

@@ -151,11 +151,12 @@ struct Problem {
     p.max_smem_per_block = c.max_smem;
   }
 
-  // Runs the forward then the backward; returns dq, dk, dv as downloaded (dk, dv: zeroed first,
-  // since rows no varlen sequence covers are the caller's).
+  // Runs the forward then the backward; returns dq, dk, dv as downloaded (zeroed first, since rows
+  // no varlen sequence covers are the caller's).
   void run(bool deterministic, std::vector<T>& dq, std::vector<T>& dk, std::vector<T>& dv) {
     FX_ASSERT_CUDA(flashext::run_flash_fwd(p, nullptr));
     DeviceBuffer gq(q.size() * sizeof(T) + 16), gk(k.size() * sizeof(T) + 16), gv(v.size() * sizeof(T) + 16);
+    FX_ASSERT_CUDA(cudaMemset(gq.get(), 0, q.size() * sizeof(T)));
     FX_ASSERT_CUDA(cudaMemset(gk.get(), 0, k.size() * sizeof(T)));
     FX_ASSERT_CUDA(cudaMemset(gv.get(), 0, v.size() * sizeof(T)));
     flashext::FlashBwdParams b = p;
@@ -256,15 +257,17 @@ TYPED_TEST(FlashBwdKernel, CompactTilesForLessSharedMemory) {
   run_case<TypeParam>(d256);
 }
 
-// Every query-block size the kernels step by: 64 rows (D = 128, 256, compact D = 64) and 128
-// (D = 64 on Hopper), whose counters share the workspace's 64-row layout: right against the CPU
-// reference, and bitwise the same run after run.
+// Every query-block size the kernels step by: 64 rows (D = 128, compact D = 64 and 256) and 128
+// (D = 64 and 256 on Hopper), whose counters share the workspace's 64-row layout: right against the
+// CPU reference, and bitwise the same run after run.
 TEST(FlashBwd, DeterministicIsBitwiseRepeatable) {
   FX_SKIP_WITHOUT_GPU();
   Case compact64{2, 300, 300, 4, 2, 64, /*causal=*/true};
   compact64.max_smem = 99 * 1024;
+  Case compact256{1, 200, 260, 2, 1, 256};
+  compact256.max_smem = 163 * 1024;
   for (const Case& c : {Case{2, 300, 300, 4, 2, 128, /*causal=*/true}, Case{2, 300, 300, 4, 2, 64, /*causal=*/true},
-                        compact64, Case{1, 200, 260, 2, 1, 256}}) {
+                        compact64, Case{1, 200, 260, 2, 1, 256}, compact256}) {
     run_case<__nv_bfloat16>(c, /*deterministic=*/true);
     Problem<__nv_bfloat16> prob(c);
     std::vector<__nv_bfloat16> dq0, dk0, dv0, dq, dk, dv;

@@ -82,7 +82,8 @@ cudaError_t run_flash_block_sparse_fwd(const FlashFwdParams& params, void* works
 // Work: (1) D = rowsum(dout ∘ out) per query row, (2) per key block, dK and dV held in registers
 // while the visible query blocks of every query head of the group stream past, and dQ added
 // into an fp32 buffer (atomics: the order of additions, and so dq's last bits, can vary from run
-// to run, unless deterministic), (3) dq = that buffer · softmax_scale in q's dtype. The workspace
+// to run, unless deterministic), (3) dq = that buffer · softmax_scale in q's dtype. Varlen rows
+// that no sequence covers are not written: the caller zeroes dq, dk and dv there. The workspace
 // holds the buffer, D and the counters: flash_bwd_workspace_bytes(params) bytes, 256-byte aligned,
 // any contents (zeroed in-stream).
 struct FlashBwdParams : FlashFwdParams {

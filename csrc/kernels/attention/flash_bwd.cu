@@ -15,7 +15,7 @@ cudaError_t launch_flash_bwd(const FlashBwdParams& p, void* workspace, cudaStrea
 
 size_t flash_bwd_workspace_bytes(const FlashBwdParams& p) {
   using namespace attention_detail;
-  return flash_fwd_kernel_head_dim(p.head_dim) == 0 ? 0 : bwd_workspace_bytes(p);
+  return with_kernel_head_dim(p.head_dim, size_t(0), [&](auto dim) { return bwd_workspace_bytes<decltype(dim)::value>(p); });
 }
 
 int flash_bwd_smem_bytes(int head_dim, int max_smem_per_block) {

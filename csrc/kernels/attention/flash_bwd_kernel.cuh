@@ -8,7 +8,8 @@
 // Three kernels: flash_bwd_preprocess writes D and lse · log2 e (+inf for a row that saw no key,
 // so its P is 0) into the workspace; flash_bwd_kernel keeps dK and dV of one key block in registers
 // while the visible query blocks of every query head of the KV head's group stream past, and adds
-// each block's dQ into an fp32 buffer (atomics); flash_bwd_convert_dq scales that buffer into dq.
+// each block's dQ into an fp32 buffer (atomics, into tiles laid out as the warps hold them:
+// bwd_accum_bytes); flash_bwd_convert_dq scales that buffer into dq.
 //
 // Main kernel. Grid: (key blocks, KV heads, batch); block: 8 warps. Everything is computed
 // transposed, keys as rows: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, then dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ
@@ -19,14 +20,17 @@
 //   D     keys × queries  Sᵀ warp tile  dK/dV warp tile  dQ warp tile  shared memory
 //   64    128 × 128       32 × 64       32 × 32          32 × 32       K, V 2·16 + Q, dO 2·2·16 + Pᵀ, dSᵀ 2·32 = 162 KiB
 //   128   128 × 64        32 × 32       32 × 64          32 × 32       K, V 2·32 + Q, dO 2·2·16 + Pᵀ, dSᵀ 2·16 = 161 KiB
-//   256    64 × 64        16 × 32       32 × 64          32 × 64       K, V 2·32 + Q, dO 2·2·32 + Pᵀ, dSᵀ 2·8 = 209 KiB
-// Q, dO and the rows' (lse, D) are double-buffered: the next query block loads under this one.
+//   256    64 × 128       32 × 32       32 × 64          32 × 128      K, V 2·32 + Q, dO 2·64 + Pᵀ, dSᵀ 2·16 = 226 KiB
+// Q, dO and the rows' (lse, D) are double-buffered, the next query block loading under this one,
+// except Q and dO at D = 256 (they load under the dQ GEMM), whose dQ runs in two passes of 64
+// columns (64 accumulator registers each).
 // GPUs with less shared memory per block get the compact tiles (FlashBwdConfig): D = 64 128 × 64
 // (97 KiB), D = 128 64 × 64 (81 KiB), D = 256 64 × 64 (145 KiB); Q, dO single-buffered at D ≥ 128.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -47,7 +51,7 @@ namespace attention_detail {
 //
 // Each of the three GEMM phases has its own warp grid, FlashAttention-2's, so that every warp owns a
 // tile at least 16 × 32 and each fragment it loads feeds two or more MMAs: Sᵀ, dPᵀ (keys × queries)
-// 4 × 2 warps; dK, dV (keys × head dim) kBlockN / 32 × the rest, 32 keys per warp; dQ (queries ×
+// 4 × 2 warps (2 × 4 for D = 256's 64 × 128); dK, dV (keys × head dim) kBlockN / 32 × the rest, 32 keys per warp; dQ (queries ×
 // head dim) kBlockM / 32 × the rest, 32 queries per warp. A warp then reads about a fifth fewer
 // shared-memory bytes per step than with one 16-key slab per warp, at the cost of Pᵀ going through
 // shared memory beside dSᵀ.
@@ -58,8 +62,8 @@ struct FlashBwdConfig {
   static constexpr int kNWarps = 8;
   static constexpr int kThreads = 32 * kNWarps;
   static constexpr int kBlockN = kHeadDim <= 64 || (kHeadDim <= 128 && !kCompact) ? 128 : 64;  // keys per block
-  static constexpr int kBlockM = kHeadDim == 64 && !kCompact ? 128 : 64;  // queries per step
-  static constexpr int kSKeyWarps = 4;                              // Sᵀ, dPᵀ: warps along keys
+  static constexpr int kBlockM = (kHeadDim == 64 || kHeadDim == 256) && !kCompact ? 128 : 64;  // queries per step
+  static constexpr int kSKeyWarps = kBlockN == 64 && kBlockM == 128 ? 2 : 4;  // Sᵀ, dPᵀ: warps along keys
   static constexpr int kSKeyTiles = kBlockN / 16 / kSKeyWarps;      //   m16 key tiles per warp
   static constexpr int kQCols = kBlockM / (kNWarps / kSKeyWarps);   //   queries per warp
   static constexpr int kKVKeyTiles = 2;                             // dK, dV: 32 keys per warp
@@ -68,11 +72,16 @@ struct FlashBwdConfig {
   static constexpr int kDqRowWarps = kBlockM / 32;                 // dQ: warps along queries
   static constexpr int kDqRowTiles = kBlockM / 16 / kDqRowWarps;    //   m16 query tiles per warp
   static constexpr int kDqCols = kHeadDim / (kNWarps / kDqRowWarps);  //   head-dim columns per warp
+  static constexpr int kDqPasses = kDqRowTiles * kDqCols > 128 ? 2 : 1;  //   in passes of at most 64 registers
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileS = kBlockN * kBlockM;  // Pᵀ or dSᵀ, rows = keys
-  static constexpr int kQBuffers = kCompact && kHeadDim > 64 ? 1 : 2;  // Q and dO tiles each
+  static constexpr int kTileDq = kBlockM * kHeadDim;  // one dQ accumulator tile (fp32)
+  static constexpr int kDqWarpFloats = 16 * kDqRowTiles * kDqCols;  //   a dQ warp's part of it
+  // Q and dO tiles each: single-buffered where two would not fit (D = 256's 128-query tiles, the
+  // compact tiles above D = 64).
+  static constexpr int kQBuffers = kHeadDim == 256 || (kCompact && kHeadDim > 64) ? 1 : 2;
   static constexpr int kSmemBytes = (2 * kTileKV + 2 * kQBuffers * kTileQ + 2 * kTileS) * 2 + 2 * 2 * kBlockM * 4;
   static_assert(kSKeyTiles >= 1 && kNWarps % kKVKeyWarps == 0 && kBlockM % (16 * kDqRowWarps) == 0, "warp grids");
   static_assert(kBlockM % 64 == 0, "Pᵀ, dSᵀ rows are whole 128-byte multiples, the swizzle's unit");
@@ -82,7 +91,7 @@ struct FlashBwdConfig {
 };
 
 // Workspace layout: D and lse · log2 e (fp32) per (head, row): dense [b][h][row] with rows padded
-// to a multiple of 4, varlen [h][row of the packed q]; dq_accum like q, fp32, contiguous; then the
+// to a multiple of 4, varlen [h][row of the packed q]; the dQ accumulator tiles (below); then the
 // deterministic mode's counters, int32 [b][h][query block].
 struct BwdWorkspace {
   float* dsum;
@@ -91,6 +100,7 @@ struct BwdWorkspace {
   int* dq_counters;  // deterministic: per (batch, head, query block), the key blocks added so far
   int64_t stats_head_stride;   // between heads
   int64_t stats_batch_stride;  // dense: between batch entries (varlen: 0)
+  int64_t dq_accum_floats;     // the accumulator's size, which the preprocess zeroes
 };
 
 inline int64_t bwd_rows(const FlashBwdParams& p) {
@@ -110,7 +120,36 @@ inline BwdStatsLayout bwd_stats_layout(const FlashBwdParams& p) {
   return {(count * 4 + 255) / 256 * 256, row_pad, varlen ? 0 : int64_t(p.heads) * row_pad};
 }
 
-inline int64_t bwd_accum_bytes(const FlashBwdParams& p) { return (bwd_rows(p) * p.heads * p.head_dim * 4 + 255) / 256 * 256; }
+// The dQ accumulator (fp32) is tiles, not rows: one kBlockM × kHeadDim tile per (query block of a
+// sequence, head), ordered [tile row][head], and inside a tile each dQ warp's 16 · kDqRowTiles ×
+// kDqCols part in the order its threads hold the mma fragments: four floats per thread per (m16
+// tile, row half, n8 pair), lane-major. One red.global.add.v4.f32 of a warp then covers 512
+// contiguous bytes (four whole lines) where row-major adds touched 8 rows of 32 bytes each; those
+// 8 requests per instruction filled the load-store queue (Nsight's lg_throttle, 18 % of the D = 256
+// kernel's stall samples). A dense batch entry's tiles start at b · ⌈Sq / kBlockM⌉, a varlen
+// sequence's at ⌊(q_start + b · kBlockM) / kBlockM⌋, which keeps sequences' tiles apart (and inside
+// total_q / kBlockM + B + 1 tile rows whatever cu_seqlens holds). Rows past a sequence and columns
+// past head_dim are added (zeros) and never read.
+inline int64_t bwd_dq_tile_rows(const FlashBwdParams& p, int block_m) {
+  return p.cu_seqlens_q != nullptr ? p.total_q / block_m + p.batch + 1
+                                   : int64_t(p.batch) * ((p.seqlen_q + block_m - 1) / block_m);
+}
+
+template <int kBlockM>
+FX_DEVICE int64_t bwd_dq_first_tile_row(const FlashBwdParams& p, int batch, int64_t q_start) {
+  return p.cu_seqlens_q != nullptr ? (q_start + int64_t(batch) * kBlockM) / kBlockM
+                                   : int64_t(batch) * ((p.seqlen_q + kBlockM - 1) / kBlockM);
+}
+
+// Sized for either configuration's tiles (the one that runs is chosen at launch).
+template <int kHeadDim>
+int64_t bwd_accum_bytes(const FlashBwdParams& p) {
+  int64_t rows = 0;  // tile rows × kBlockM
+  for (const int block_m : {FlashBwdConfig<kHeadDim>::kBlockM, FlashBwdConfig<kHeadDim, true>::kBlockM}) {
+    rows = std::max(rows, bwd_dq_tile_rows(p, block_m) * block_m);
+  }
+  return (rows * p.heads * kHeadDim * 4 + 255) / 256 * 256;
+}
 
 // Deterministic mode: one counter per (batch, head, 64-row query block). Every configuration steps
 // a multiple of 64 rows, so these serve whichever one runs (it indexes its own blocks among them).
@@ -120,16 +159,23 @@ inline int64_t bwd_counter_count(const FlashBwdParams& p) {
   return p.deterministic ? int64_t(p.batch) * p.heads * ((p.seqlen_q + kBwdCounterRows - 1) / kBwdCounterRows) : 0;
 }
 
-inline BwdWorkspace bwd_workspace(const FlashBwdParams& p, void* base) {
+template <int kHeadDim>
+BwdWorkspace bwd_workspace(const FlashBwdParams& p, void* base) {
   const BwdStatsLayout layout = bwd_stats_layout(p);
+  const int64_t accum_bytes = bwd_accum_bytes<kHeadDim>(p);
   char* b = static_cast<char*>(base);
-  return {reinterpret_cast<float*>(b), reinterpret_cast<float*>(b + layout.bytes),
+  return {reinterpret_cast<float*>(b),
+          reinterpret_cast<float*>(b + layout.bytes),
           reinterpret_cast<float*>(b + 2 * layout.bytes),
-          reinterpret_cast<int*>(b + 2 * layout.bytes + bwd_accum_bytes(p)), layout.head_stride, layout.batch_stride};
+          reinterpret_cast<int*>(b + 2 * layout.bytes + accum_bytes),
+          layout.head_stride,
+          layout.batch_stride,
+          accum_bytes / 4};
 }
 
-inline size_t bwd_workspace_bytes(const FlashBwdParams& p) {
-  return size_t(2 * bwd_stats_layout(p).bytes + bwd_accum_bytes(p) + bwd_counter_count(p) * 4);
+template <int kHeadDim>
+size_t bwd_workspace_bytes(const FlashBwdParams& p) {
+  return size_t(2 * bwd_stats_layout(p).bytes + bwd_accum_bytes<kHeadDim>(p) + bwd_counter_count(p) * 4);
 }
 
 // This sequence's rows (dense batch or packed varlen), clamped as the forward clamps them.
@@ -154,10 +200,14 @@ FX_DEVICE BwdSequence bwd_sequence(const FlashBwdParams& p, int batch) {
 }
 
 // D = rowsum(dO ∘ O) (− dlse when given) and lse · log2 e (+inf where lse = −inf) for every
-// (row, head): one warp per pair, a lane per 8 elements of the row. Also zeroes dq_accum's rows
-// of those pairs.
+// (row, head): one warp per pair, a lane per 8 elements of the row. Also zeroes dq_accum (16 bytes
+// per thread and stride).
 template <typename T>
 __global__ void __launch_bounds__(256) flash_bwd_preprocess(const FlashBwdParams p, const BwdWorkspace w) {
+  const int64_t threads = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < w.dq_accum_floats / 4; i += threads) {
+    reinterpret_cast<float4*>(w.dq_accum)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
   const int lane = threadIdx.x % 32;
   const int64_t pair = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
   const bool varlen = p.cu_seqlens_q != nullptr;
@@ -170,7 +220,6 @@ __global__ void __launch_bounds__(256) flash_bwd_preprocess(const FlashBwdParams
   const T* o = static_cast<const T*>(p.o) + batch * p.o_batch_stride + row * p.o_row_stride + head * p.o_head_stride;
   const T* d_o =
       static_cast<const T*>(p.dout) + batch * p.do_batch_stride + row * p.do_row_stride + head * p.do_head_stride;
-  float* accum = w.dq_accum + (row_all * p.heads + head) * p.head_dim;
   float sum = 0.0f;
   for (int c = lane; c * 8 < p.head_dim; c += 32) {
     const uint4 ov = *reinterpret_cast<const uint4*>(o + c * 8);
@@ -179,8 +228,6 @@ __global__ void __launch_bounds__(256) flash_bwd_preprocess(const FlashBwdParams
     const T* de = reinterpret_cast<const T*>(&dv);
 #pragma unroll
     for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
-    reinterpret_cast<float4*>(accum + c * 8)[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    reinterpret_cast<float4*>(accum + c * 8)[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -194,30 +241,43 @@ __global__ void __launch_bounds__(256) flash_bwd_preprocess(const FlashBwdParams
   }
 }
 
-// dq = dq_accum · softmax_scale in q's dtype, 8 elements per thread.
-template <typename T>
-__global__ void __launch_bounds__(256) flash_bwd_convert_dq(const FlashBwdParams p, const BwdWorkspace w) {
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t rows = varlen ? p.total_q : int64_t(p.batch) * p.seqlen_q;
-  const int chunks = p.head_dim / 8;
-  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (id >= rows * p.heads * chunks) return;
-  const int c = int(id % chunks);
-  const int64_t pair = id / chunks;
-  const int head = int(pair % p.heads);
-  const int64_t row_all = pair / p.heads;
-  const int64_t batch = varlen ? 0 : row_all / p.seqlen_q;
-  const int64_t row = varlen ? row_all : row_all % p.seqlen_q;
-  const float4* src = reinterpret_cast<const float4*>(w.dq_accum + (row_all * p.heads + head) * p.head_dim + c * 8);
-  const float4 a = src[0], b = src[1];
+// dq = dq_accum · softmax_scale in q's dtype: a block per (query block, head, batch entry) with
+// the main kernel's dQ warp grid, each thread reading the fragments it added (16 bytes, a warp 512
+// contiguous) and writing them to their rows and columns.
+template <typename T, typename Config>
+__global__ void __launch_bounds__(Config::kThreads) flash_bwd_convert_dq(const FlashBwdParams p, const BwdWorkspace w) {
+  constexpr int kBlockM = Config::kBlockM, kDqRowTiles = Config::kDqRowTiles, kDqPairs = Config::kDqCols / 16;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int m0 = blockIdx.x * kBlockM, head = blockIdx.y, batch = blockIdx.z;
+  const BwdSequence seq = bwd_sequence(p, batch);
+  if (m0 >= seq.seqlen_q) return;
+  const float4* tile = reinterpret_cast<const float4*>(
+                           w.dq_accum +
+                           ((bwd_dq_first_tile_row<kBlockM>(p, batch, seq.q_start) + blockIdx.x) * p.heads + head) *
+                               Config::kTileDq +
+                           warp * Config::kDqWarpFloats) +
+                       lane;
+  const int row0 = m0 + (warp % Config::kDqRowWarps) * 16 * kDqRowTiles + lane / 4;
+  const int col0 = (warp / Config::kDqRowWarps) * Config::kDqCols + 2 * (lane % 4);
+  T* dq = static_cast<T*>(p.dq) + (p.cu_seqlens_q != nullptr ? seq.q_start * p.dq_row_stride : batch * p.dq_batch_stride) +
+          head * p.dq_head_stride;
   const float s = p.softmax_scale;
-  uint4 out;
-  out.x = ptx::pack2<T>(a.x * s, a.y * s);
-  out.y = ptx::pack2<T>(a.z * s, a.w * s);
-  out.z = ptx::pack2<T>(b.x * s, b.y * s);
-  out.w = ptx::pack2<T>(b.z * s, b.w * s);
-  T* dq = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + row * p.dq_row_stride + head * p.dq_head_stride;
-  *reinterpret_cast<uint4*>(dq + c * 8) = out;
+#pragma unroll
+  for (int i = 0; i < kDqRowTiles; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + 16 * i + 8 * r;
+      if (row >= seq.seqlen_q) continue;
+#pragma unroll
+      for (int tp = 0; tp < kDqPairs; ++tp) {
+        const float4 a = tile[((2 * i + r) * kDqPairs + tp) * 32];
+        const int col = col0 + 16 * tp;
+        T* out = dq + int64_t(row) * p.dq_row_stride + col;
+        if (col < p.head_dim) *reinterpret_cast<uint32_t*>(out) = ptx::pack2<T>(a.x * s, a.y * s);
+        if (col + 8 < p.head_dim) *reinterpret_cast<uint32_t*>(out + 8) = ptx::pack2<T>(a.z * s, a.w * s);
+      }
+    }
+  }
 }
 
 // Zero an array of mma accumulators (m16 tiles × n8 tiles × 4 values).
@@ -236,7 +296,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kSKeyTiles = Config::kSKeyTiles, kSTiles = Config::kQCols / 8;  // Sᵀ: m16 key tiles × n8 query tiles
   constexpr int kKVKeyTiles = Config::kKVKeyTiles, kDTiles = Config::kDCols / 8;  // dK, dV: m16 × n8 tiles
-  constexpr int kDqRowTiles = Config::kDqRowTiles, kDqTiles = Config::kDqCols / 8;  // dQ: m16 × n8 tiles
+  constexpr int kDqRowTiles = Config::kDqRowTiles, kDqTiles = Config::kDqCols / 8 / Config::kDqPasses;  // dQ, a pass
   constexpr uint32_t kRowBytes = 2 * kHeadDim, kSRowBytes = 2 * kBlockM;  // Q/K/V/dO rows; Pᵀ/dSᵀ rows
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* smem_k = reinterpret_cast<T*>(smem_raw);
@@ -269,8 +329,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   const int64_t k_base = varlen ? seq.k_start * p.k_row_stride : batch * p.k_batch_stride;
   const int64_t v_base = varlen ? seq.k_start * p.v_row_stride : batch * p.v_batch_stride;
   const int64_t stats_base = varlen ? seq.q_start : batch * w.stats_batch_stride;
-  // dq_accum rows: dense b · Sq + row, varlen the packed row.
-  const int64_t accum_row0 = varlen ? seq.q_start : int64_t(batch) * p.seqlen_q;
+  const int64_t dq_tile_row0 = bwd_dq_first_tile_row<kBlockM>(p, batch, seq.q_start);  // dq_accum's tiles
   const int group_size = p.heads / p.heads_kv;
 
   // The query rows that can see a key of [n_start, n_start + kBlockN): key j is visible to row i
@@ -541,18 +600,24 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
     // dQ (this block's keys' share) = dS K: this warp's 16 · kDqRowTiles queries × kDqCols columns,
     // added into dq_accum (fp32 atomics; scaled by softmax_scale when converted).
     {
+      // In kDqPasses passes over the head dim (D = 256 with 128 queries: two of 64 accumulator
+      // registers); the first before the deterministic wait, so its MMAs follow dK's unbroken.
       float acc_dq[kDqRowTiles][kDqTiles][4];
-      zero_accumulators(acc_dq);
-      // A: dSᵀ rows (keys) 16 · kk + ..., columns (queries) dq_row0 + 16 · i + ..., transposed.
-      gemm(
-          acc_dq, std::integral_constant<int, kBlockN / 16>{}, std::integral_constant<int, kDqRowTiles>{},
-          std::integral_constant<int, kDqTiles / 2>{},
-          [&](uint32_t(&a)[4], int kk, int i) {
-            ptx::ldmatrix_x4_trans(a, swizzled_chunk_addr(ds_at, dq_row0 / 8 + 2 * i) + 16 * kk * kSRowBytes);
-          },
-          [&](uint32_t(&b)[4], int kk, int tp) {
-            ptx::ldmatrix_x4_trans(b, swizzled_chunk_addr(k_bt, dq_col0 / 8 + 2 * tp) + 16 * kk * kRowBytes);
-          });
+      const auto dq_gemm = [&](int pass) {
+        zero_accumulators(acc_dq);
+        // A: dSᵀ rows (keys) 16 · kk + ..., columns (queries) dq_row0 + 16 · i + ..., transposed.
+        gemm(
+            acc_dq, std::integral_constant<int, kBlockN / 16>{}, std::integral_constant<int, kDqRowTiles>{},
+            std::integral_constant<int, kDqTiles / 2>{},
+            [&](uint32_t(&a)[4], int kk, int i) {
+              ptx::ldmatrix_x4_trans(a, swizzled_chunk_addr(ds_at, dq_row0 / 8 + 2 * i) + 16 * kk * kSRowBytes);
+            },
+            [&](uint32_t(&b)[4], int kk, int tp) {
+              ptx::ldmatrix_x4_trans(b, swizzled_chunk_addr(k_bt, dq_col0 / 8 + pass * kDqTiles + 2 * tp) +
+                                            16 * kk * kRowBytes);
+            });
+      };
+      dq_gemm(0);
       // Deterministic: this block adds after every key block before it that sees the same query
       // block (they run the same steps in the same order; blocks start in grid order, so the
       // ones waited for are running or done), with plain loads and stores through L2.
@@ -570,37 +635,38 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
         }
         __syncthreads();
       }
-      // Rows past the sequence and columns past head_dim are skipped (whole blocks test nothing).
-      const bool whole = m_start + kBlockM <= seq.seqlen_q && p.head_dim == kHeadDim;
-      const auto add_dq = [&](auto deterministic, auto checked) {
+      // Into this query block's accumulator tile (bwd_accum_bytes): a warp's four floats per
+      // thread per (m16 tile, row half, n8 pair) are 512 contiguous bytes.
+      float* dq_tile = w.dq_accum + ((dq_tile_row0 + m_start / kBlockM) * p.heads + head) * Config::kTileDq +
+                       warp * Config::kDqWarpFloats + 4 * lane;
+      const auto add_dq = [&](auto deterministic, int pass) {
 #pragma unroll
         for (int i = 0; i < kDqRowTiles; ++i) {
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            const int row = m_start + dq_row0 + 16 * i + group + 8 * r;
-            float* dst = w.dq_accum + ((accum_row0 + row) * p.heads + head) * p.head_dim + dq_col0 + 2 * quad;
 #pragma unroll
-            for (int t = 0; t < kDqTiles; ++t) {
-              if constexpr (decltype(checked)::value) {
-                if (row >= seq.seqlen_q || dq_col0 + 8 * t + 2 * quad >= p.head_dim) continue;
-              }
+            for (int tp = 0; tp < kDqTiles / 2; ++tp) {
+              float* dst = dq_tile + ((2 * i + r) * (Config::kDqCols / 16) + pass * (kDqTiles / 2) + tp) * 128;
+              const float x = acc_dq[i][2 * tp][2 * r], y = acc_dq[i][2 * tp][2 * r + 1];
+              const float z = acc_dq[i][2 * tp + 1][2 * r], u = acc_dq[i][2 * tp + 1][2 * r + 1];
               if constexpr (decltype(deterministic)::value) {
-                const float2 old = __ldcg(reinterpret_cast<const float2*>(dst + 8 * t));
-                __stcg(reinterpret_cast<float2*>(dst + 8 * t),
-                       make_float2(old.x + acc_dq[i][t][2 * r], old.y + acc_dq[i][t][2 * r + 1]));
+                const float4 old = __ldcg(reinterpret_cast<const float4*>(dst));
+                __stcg(reinterpret_cast<float4*>(dst), make_float4(old.x + x, old.y + y, old.z + z, old.w + u));
               } else {
-                ptx::red_add_f32x2(dst + 8 * t, acc_dq[i][t][2 * r], acc_dq[i][t][2 * r + 1]);
+                ptx::red_add_f32x4(dst, x, y, z, u);
               }
             }
           }
         }
       };
-      if (p.deterministic) {
-        add_dq(std::true_type{}, std::true_type{});
-      } else if (whole) {
-        add_dq(std::false_type{}, std::false_type{});
-      } else {
-        add_dq(std::false_type{}, std::true_type{});
+#pragma unroll
+      for (int pass = 0; pass < Config::kDqPasses; ++pass) {
+        if (pass > 0) dq_gemm(pass);
+        if (p.deterministic) {
+          add_dq(std::true_type{}, pass);
+        } else {
+          add_dq(std::false_type{}, pass);
+        }
       }
       if (p.deterministic) {
         __syncthreads();  // every thread's additions are issued
@@ -646,8 +712,14 @@ cudaError_t launch_flash_bwd_config(const FlashBwdParams& p, const BwdWorkspace&
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const dim3 grid(unsigned((p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN), unsigned(p.heads_kv),
                   unsigned(p.batch));
-  if (grid.x == 0) return cudaSuccess;
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, w);
+  if (grid.x > 0) {  // else no key: dq is the zeroed accumulator's zeros
+    kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, w);
+    FX_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  const dim3 convert_grid(unsigned((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM), unsigned(p.heads),
+                          unsigned(p.batch));
+  if (convert_grid.x == 0) return cudaSuccess;
+  flash_bwd_convert_dq<T, Config><<<convert_grid, Config::kThreads, 0, stream>>>(p, w);
   return cudaGetLastError();
 }
 
@@ -670,7 +742,7 @@ cudaError_t launch_flash_bwd(const FlashBwdParams& p, void* workspace, cudaStrea
   const int budget = p.max_smem_per_block > 0 ? p.max_smem_per_block : current_device_max_smem_per_block();
   const int smem = bwd_smem_bytes<kHeadDim>(budget);
   if (smem == 0) return cudaErrorInvalidConfiguration;  // the glue says so in words first
-  const BwdWorkspace w = bwd_workspace(p, workspace);
+  const BwdWorkspace w = bwd_workspace<kHeadDim>(p, workspace);
   const int64_t pairs = bwd_rows(p) * p.heads;
   if (pairs == 0) return cudaSuccess;
   if (p.deterministic) {
@@ -678,14 +750,8 @@ cudaError_t launch_flash_bwd(const FlashBwdParams& p, void* workspace, cudaStrea
   }
   flash_bwd_preprocess<T><<<unsigned((pairs + 7) / 8), 256, 0, stream>>>(p, w);
   FX_RETURN_IF_ERROR(cudaGetLastError());
-  if (smem != Full::kSmemBytes) {
-    FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, Compact>(p, w, stream)));
-  } else {
-    FX_RETURN_IF_ERROR((launch_flash_bwd_config<T, Full>(p, w, stream)));
-  }
-  const int64_t threads = pairs * (p.head_dim / 8);
-  flash_bwd_convert_dq<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, w);
-  return cudaGetLastError();
+  if (smem != Full::kSmemBytes) return launch_flash_bwd_config<T, Compact>(p, w, stream);
+  return launch_flash_bwd_config<T, Full>(p, w, stream);
 }
 
 }  // namespace attention_detail

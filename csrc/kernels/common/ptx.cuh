@@ -110,14 +110,16 @@ FX_DEVICE int ld_acquire(const int* ptr) {
   return v;
 }
 
-// PTX ISA §9.7.13.6 red.global.add.v2.f32 (sm_90+): dst[0] += a, dst[1] += b in one reduction,
-// no value returned (8-byte aligned dst); two scalar reductions before sm_90.
-FX_DEVICE void red_add_f32x2(float* dst, float a, float b) {
+// PTX ISA §9.7.13.6 red.global.add.v4.f32 (sm_90+): dst[0..3] += a, b, c, d in one reduction (16-byte aligned dst);
+// four scalar reductions before sm_90.
+FX_DEVICE void red_add_f32x4(float* dst, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 #else
   atomicAdd(dst, a);
   atomicAdd(dst + 1, b);
+  atomicAdd(dst + 2, c);
+  atomicAdd(dst + 3, d);
 #endif
 }
 
