@@ -17,7 +17,8 @@
 #             FLASHEXT_AB_OURS / _ANCHOR name the compared column and its anchor);
 #             bench_attention --only ${BENCH_AB_SECTION:-fwd} (fwd, or train for the backward) runs
 #             A B ... A B ... (narrow it with FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to
-#             $OUT/{a1,b1,...,a2,b2,...}.json, for benchmarks/compare_ab.py
+#             $OUT/{a1,b1,...,a2,b2,...}.json, for benchmarks/compare_ab.py; FLASHEXT_AB_BENCH=decode
+#             runs bench_decode --only ${BENCH_AB_SECTION:-decode} instead (compared against sdpa_cudnn)
 #   pytest_each  pytest once per test file, each in its own process (a fault in one file cannot
 #             fail the others), FLASHEXT_PYTEST_JOBS at a time (default 4; logs in $OUT/pytest/),
 #             FLASHEXT_PYTEST_TIMEOUT seconds each (default 300); the ptx step runs its tests so too
@@ -197,18 +198,19 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
     names+=("$name")
     dirs+=("$dir")
   done
-  local round section=${BENCH_AB_SECTION:-fwd}
+  local round bench=attention section=${BENCH_AB_SECTION:-fwd} anchor=sdpa_flash
+  [ "${FLASHEXT_AB_BENCH:-attention}" = decode ] && bench=decode section=${BENCH_AB_SECTION:-decode} anchor=sdpa_cudnn
   for round in 1 2; do
     for i in "${!names[@]}"; do
       local run=${names[$i]}$round
       echo "ab: run $run"
       rm -rf /tmp/flashext_ab_out_$run
-      (cd "${dirs[$i]}" && OUT=/tmp/flashext_ab_out_$run $PY benchmarks/bench_attention.py --only "$section" | { grep "vs " || true; }) ||
-        return 1
-      cp /tmp/flashext_ab_out_$run/attention*.json "$OUT/$run.json"
+      (cd "${dirs[$i]}" && OUT=/tmp/flashext_ab_out_$run $PY benchmarks/bench_$bench.py --only "$section" |
+        { grep -E "vs |of read_anchor" || true; }) || return 1
+      cp /tmp/flashext_ab_out_$run/$bench*.json "$OUT/$run.json"
     done
   done
-  local compare=(--ours "${FLASHEXT_AB_OURS:-flashext}" --anchor "${FLASHEXT_AB_ANCHOR:-sdpa_flash}")
+  local compare=(--ours "${FLASHEXT_AB_OURS:-flashext}" --anchor "${FLASHEXT_AB_ANCHOR:-$anchor}")
   for i in "${!names[@]}"; do
     [ "$i" = 0 ] && continue
     for round in 1 2; do
