@@ -73,6 +73,7 @@ struct FlashBwdConfig {
   static constexpr int kDqRowTiles = kBlockM / 16 / kDqRowWarps;    //   m16 query tiles per warp
   static constexpr int kDqCols = kHeadDim / (kNWarps / kDqRowWarps);  //   head-dim columns per warp
   static constexpr int kDqPasses = kDqRowTiles * kDqCols > 128 ? 2 : 1;  //   in passes of at most 64 registers
+  static_assert(kDqRowTiles * kDqCols / kDqPasses <= 128 && kDqCols / kDqPasses % 16 == 0, "dQ passes");
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kTileKV = kBlockN * kHeadDim;
   static constexpr int kTileQ = kBlockM * kHeadDim;
@@ -127,9 +128,10 @@ inline BwdStatsLayout bwd_stats_layout(const FlashBwdParams& p) {
 // contiguous bytes (four whole lines) where row-major adds touched 8 rows of 32 bytes each; those
 // 8 requests per instruction filled the load-store queue (Nsight's lg_throttle, 18 % of the D = 256
 // kernel's stall samples). A dense batch entry's tiles start at b · ⌈Sq / kBlockM⌉, a varlen
-// sequence's at ⌊(q_start + b · kBlockM) / kBlockM⌋, which keeps sequences' tiles apart (and inside
-// total_q / kBlockM + B + 1 tile rows whatever cu_seqlens holds). Rows past a sequence and columns
-// past head_dim are added (zeros) and never read.
+// sequence's at ⌊(q_start + b · kBlockM) / kBlockM⌋, which keeps the tiles of non-decreasing
+// cu_seqlens' sequences apart, and any offsets' inside total_q / kBlockM + B + 1 tile rows (as
+// FlashAttention-2's total_q + 128 · B rows: many short sequences pad each to a tile). Rows past a
+// sequence and columns past head_dim are added (zeros) and never read.
 inline int64_t bwd_dq_tile_rows(const FlashBwdParams& p, int block_m) {
   return p.cu_seqlens_q != nullptr ? p.total_q / block_m + p.batch + 1
                                    : int64_t(p.batch) * ((p.seqlen_q + block_m - 1) / block_m);
