@@ -101,6 +101,24 @@ def test_masks_and_options(kwargs):
 
 
 @requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 200, 256])
+@pytest.mark.parametrize("kwargs", [{}, {"window_size": (100, 0)}, {"softcap": 30.0}, {"softmax_scale": 0.05},
+                                    {"causal": True, "window_size": (37, -1)}, {"window_size": (-1, 2)}])
+def test_decode_shaped_options_and_head_dims(head_dim, kwargs):
+    # Decode-shaped blocks (group · Sq ≤ 16: the warps share each key tile) under every option, head
+    # dims below their kernel's width, and lengths of 1 … 7 key tiles (64 keys; 32 at D = 256).
+    lens = torch.tensor([1, 64, 65, 130, 250, 440], dtype=torch.int32, device="cuda")
+    for seqlen_q, group in ((1, 4), (2, 8)):
+        q = randn(6, seqlen_q, 2 * group, head_dim, dtype=torch.bfloat16)
+        kc, vc = (randn(6, 480, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+        check(q, kc, vc, lens, **kwargs)
+        check(q, kc, vc, lens, num_splits=3, **kwargs)
+        pages, table = paged(kc, 16, torch.Generator().manual_seed(head_dim))
+        pages_v, _ = paged(vc, 16, torch.Generator().manual_seed(head_dim))
+        check(q, pages, pages_v, lens, block_table=table, **kwargs)
+
+
+@requires_cuda
 def test_cuda_graph_one_capture_serves_every_length():
     q = randn(8, 1, 32, 128, dtype=torch.bfloat16)
     kc, vc = (randn(8, 2048, 8, 128, dtype=torch.bfloat16) for _ in range(2))
