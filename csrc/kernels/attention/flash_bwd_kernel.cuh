@@ -143,6 +143,20 @@ FX_DEVICE int64_t bwd_dq_first_tile_row(const FlashBwdParams& p, int batch, int6
                                    : int64_t(batch) * ((p.seqlen_q + kBlockM - 1) / kBlockM);
 }
 
+// Where this thread's fragments of a dQ tile are: its first 16-byte slot in tile row `tile_row`
+// (bwd_dq_first_tile_row + query block) of `head`, and the float offset from there of fragment (m16
+// tile i, row half r, n8 pair `pair`). The main kernel adds there; the convert kernel reads back.
+template <typename Config>
+FX_DEVICE float* bwd_dq_tile(const FlashBwdParams& p, const BwdWorkspace& w, int64_t tile_row, int head) {
+  return w.dq_accum + (tile_row * p.heads + head) * Config::kTileDq + threadIdx.x / 32 * Config::kDqWarpFloats +
+         4 * (threadIdx.x % 32);
+}
+
+template <typename Config>
+FX_DEVICE constexpr int bwd_dq_slot(int i, int r, int pair) {
+  return ((2 * i + r) * (Config::kDqCols / 16) + pair) * 128;
+}
+
 // Sized for either configuration's tiles (the one that runs is chosen at launch).
 template <int kHeadDim>
 int64_t bwd_accum_bytes(const FlashBwdParams& p) {
@@ -253,12 +267,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_bwd_convert_dq(const F
   const int m0 = blockIdx.x * kBlockM, head = blockIdx.y, batch = blockIdx.z;
   const BwdSequence seq = bwd_sequence(p, batch);
   if (m0 >= seq.seqlen_q) return;
-  const float4* tile = reinterpret_cast<const float4*>(
-                           w.dq_accum +
-                           ((bwd_dq_first_tile_row<kBlockM>(p, batch, seq.q_start) + blockIdx.x) * p.heads + head) *
-                               Config::kTileDq +
-                           warp * Config::kDqWarpFloats) +
-                       lane;
+  const float* tile = bwd_dq_tile<Config>(p, w, bwd_dq_first_tile_row<kBlockM>(p, batch, seq.q_start) + blockIdx.x, head);
   const int row0 = m0 + (warp % Config::kDqRowWarps) * 16 * kDqRowTiles + lane / 4;
   const int col0 = (warp / Config::kDqRowWarps) * Config::kDqCols + 2 * (lane % 4);
   T* dq = static_cast<T*>(p.dq) + (p.cu_seqlens_q != nullptr ? seq.q_start * p.dq_row_stride : batch * p.dq_batch_stride) +
@@ -272,7 +281,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_bwd_convert_dq(const F
       if (row >= seq.seqlen_q) continue;
 #pragma unroll
       for (int tp = 0; tp < kDqPairs; ++tp) {
-        const float4 a = tile[((2 * i + r) * kDqPairs + tp) * 32];
+        const float4 a = *reinterpret_cast<const float4*>(tile + bwd_dq_slot<Config>(i, r, tp));
         const int col = col0 + 16 * tp;
         T* out = dq + int64_t(row) * p.dq_row_stride + col;
         if (col < p.head_dim) *reinterpret_cast<uint32_t*>(out) = ptx::pack2<T>(a.x * s, a.y * s);
@@ -639,8 +648,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
       }
       // Into this query block's accumulator tile (bwd_accum_bytes): a warp's four floats per
       // thread per (m16 tile, row half, n8 pair) are 512 contiguous bytes.
-      float* dq_tile = w.dq_accum + ((dq_tile_row0 + m_start / kBlockM) * p.heads + head) * Config::kTileDq +
-                       warp * Config::kDqWarpFloats + 4 * lane;
+      float* dq_tile = bwd_dq_tile<Config>(p, w, dq_tile_row0 + m_start / kBlockM, head);
       const auto add_dq = [&](auto deterministic, int pass) {
 #pragma unroll
         for (int i = 0; i < kDqRowTiles; ++i) {
@@ -648,7 +656,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
           for (int r = 0; r < 2; ++r) {
 #pragma unroll
             for (int tp = 0; tp < kDqTiles / 2; ++tp) {
-              float* dst = dq_tile + ((2 * i + r) * (Config::kDqCols / 16) + pass * (kDqTiles / 2) + tp) * 128;
+              float* dst = dq_tile + bwd_dq_slot<Config>(i, r, pass * (kDqTiles / 2) + tp);
               const float x = acc_dq[i][2 * tp][2 * r], y = acc_dq[i][2 * tp][2 * r + 1];
               const float z = acc_dq[i][2 * tp + 1][2 * r], u = acc_dq[i][2 * tp + 1][2 * r + 1];
               if constexpr (decltype(deterministic)::value) {
