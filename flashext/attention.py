@@ -1,9 +1,9 @@
 """FlashAttention: exact attention without an S × S matrix in HBM.
 
 The CUDA kernels are csrc/kernels/attention/ (schemas in csrc/torch/registration.cpp, glue in
-csrc/torch/attention.cpp, which also registers the checks and output shapes for tracing); this
-module holds the public functions and the autograd registration: the backward recomputes the
-probabilities from q, k and the saved lse (only q, k, v, out and lse are saved).
+csrc/torch/attention.cpp, which also registers the checks and output shapes for tracing, the
+autograd rules in csrc/torch/autograd.cpp); this module holds the public functions. The backward
+recomputes the probabilities from q, k and the saved lse (only q, k, v, out and lse are saved).
 Definition: flashext.reference.attention; Triton twin: flashext/triton_ref/attention.py.
 
 Gradients: dk and dv are summed over the query heads that share a KV head inside the kernel, in a
@@ -163,44 +163,11 @@ def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tenso
     return _ops.merge_attention_states(o_a, lse_a, o_b, lse_b)
 
 
-def _setup_dense(ctx, inputs, output):
-    q, k, v = inputs[:3]
-    # causal, softmax_scale, window_left, window_right, softcap, align_top_left, deterministic, like_inputs
-    ctx.options = inputs[3:]
-    ctx.save_for_backward(q, k, v, *output)
-    ctx.set_materialize_grads(False)
-
-
-def _backward_dense(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dout = torch.zeros_like(out) if dout is None else dout
-    dq, dk, dv = _ops.flash_attn_bwd(dout, q, k, v, out, lse, dlse, *ctx.options)
-    return dq, dk, dv, *([None] * len(ctx.options))
-
-
-def _setup_varlen(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
-    (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right, softcap, _, deterministic,
-     like_inputs) = inputs[5:]
-    ctx.options = (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right, softcap, deterministic,
-                   like_inputs)
-    ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, *output)
-    ctx.set_materialize_grads(False)
-
-
-def _backward_varlen(ctx, dout, dlse):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse = ctx.saved_tensors
-    dout = torch.zeros_like(out) if dout is None else dout
-    dq, dk, dv = _ops.flash_attn_varlen_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, *ctx.options)
-    return dq, dk, dv, *([None] * 12)
-
-
-# Shapes for tracing come from the C++ Meta registration, which runs the CUDA path's own checks
-# (csrc/torch/attention.cpp); what Python adds is the autograd rule.
+# The autograd rules of flash_attn_fwd and flash_attn_varlen_fwd are C++ Autograd kernels
+# (csrc/torch/autograd.cpp: a Python one would cost tens of microseconds a call); shapes for tracing
+# come from the C++ Meta registration, which runs the CUDA path's own checks (csrc/torch/attention.cpp).
+# The forward-only ops refuse a backward here.
 if extension_loaded():
-    torch.library.register_autograd("flashext::flash_attn_fwd", _backward_dense, setup_context=_setup_dense)
-    torch.library.register_autograd("flashext::flash_attn_varlen_fwd", _backward_varlen, setup_context=_setup_varlen)
-
     def _merge_no_backward(ctx, *grads):
         raise NotImplementedError("flashext.merge_attention_states: the backward pass is not implemented")
 

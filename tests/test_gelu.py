@@ -389,7 +389,7 @@ def test_fake_kernels_trace_on_meta():
 
 
 def test_autograd_wiring_on_meta():
-    # The autograd registration (flashext/gelu.py) on meta tensors: each op records a node whose backward
+    # The autograd registration (csrc/torch/autograd.cpp) on meta tensors: each op records a node whose backward
     # is its fused backward op, gradients only for inputs that ask for one, no second derivative.
     def meta(*shape):
         return torch.empty(*shape, device="meta", requires_grad=True)

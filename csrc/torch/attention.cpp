@@ -1,7 +1,7 @@
 // flashext FlashAttention: torch glue. Checks inputs (one place for the family, for the CUDA
 // kernel and for tracing alike: see common.h), builds FlashFwdParams (flashext/attention.h) and
-// launches on the current stream. Schemas: registration.cpp; the public functions and the
-// autograd registration: flashext/attention.py.
+// launches on the current stream. Schemas: registration.cpp; autograd rules: autograd.cpp; the
+// public functions: flashext/attention.py.
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>

@@ -1,6 +1,6 @@
 // flashext: every op's schema, written once. Implementations register per backend in the op
 // family's glue file (gelu.cpp, attention.cpp), for the CUDA, CPU and Meta keys alike; the
-// autograd formulas live in Python (flashext/gelu.py, flashext/attention.py).
+// autograd rules of the differentiable ones in autograd.cpp.
 #include <torch/library.h>
 
 TORCH_LIBRARY(flashext, m) {
