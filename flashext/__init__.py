@@ -5,8 +5,9 @@
     out = flashext.bias_gelu(x, bias)            # gelu(x + bias), the epilogue after a Linear
     out = flashext.flash_attention(q, k, v, causal=True)   # exact attention, O(S) memory (v0)
 
-Every op is a torch.library custom op (torch.ops.flashext.*) with a fake kernel and an autograd
-formula, so it works in eager mode, under autograd, torch.compile(fullgraph=True) and CUDA graphs.
+Every op is a torch.library op (torch.ops.flashext.*) with a Meta kernel (its checks and output
+shapes, for tracing) and, where it is differentiable, an autograd kernel, so it works in eager
+mode, under autograd, torch.compile(fullgraph=True) and CUDA graphs.
 """
 
 __version__ = "0.1.0"
