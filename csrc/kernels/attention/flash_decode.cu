@@ -6,17 +6,17 @@
 // heads share every K/V tile (a cached byte is read once per KV head and row block: once, for
 // decode). Each block walks the key tiles of its split, [split · split_keys, ... + split_keys)
 // ∩ [0, cache_seqlens[b] + seqlen_new), tiles gathered row by row through the page table
-// (load_rows; the table read a tile ahead), double-buffered by cp.async: the FA2 loop of
+// (load_rows; the table read a tile ahead), in a cp.async pipeline of kStages buffers: the FA2 loop of
 // flash_fwd_kernel.cuh with one m16 row tile per warp, where warps with no real rows only copy;
 // or, when every row fits one m16 tile (decode), each warp takes a 16-key slab of every tile for
 // those rows, and the 4 warps' softmax states merge at the end.
 // Row sums add the 16-bit P that P V multiplies. One split writes o and lse itself; more write
 // fp32 partials that flash_decode_combine merges by their lse.
 //
-//   D     rows × keys   shared memory (Q + 2 × (K, V))   registers: S + acc_o per thread
-//   64    64 × 64       8 + 2·2·8  = 40 KiB               32 + 32
-//   128   64 × 64       16 + 2·2·16 = 80 KiB              32 + 64
-//   256   64 × 32       32 + 2·2·16 = 96 KiB              16 + 128
+//   D     rows × keys   shared memory (Q + stages × (K, V))   registers: S + acc_o per thread
+//   64    64 × 64       8 + 3·2·8  = 56 KiB                    32 + 32
+//   128   64 × 64       16 + 3·2·16 = 112 KiB                  32 + 64
+//   256   64 × 32       32 + 2·2·16 = 96 KiB                   16 + 128
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -46,10 +46,13 @@ struct DecodeConfig {
   static constexpr int kThreads = 32 * kNWarps;
   static constexpr int kBlockM = 16 * kNWarps;  // rows: (query, group head) pairs
   static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
+  // K/V buffers: up to two tiles in flight while one is read (D = 256: two buffers, to keep two
+  // blocks per SM)
+  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
-  static constexpr int kSmemBytes = (kTileQ + 4 * kTileKV) * 2;
+  static constexpr int kSmemBytes = (kTileQ + 2 * kStages * kTileKV) * 2;
   static_assert(kBlockN % (kThreads / kChunks) == 0 && kBlockM % (kThreads / kChunks) == 0, "whole copy passes");
 };
 
@@ -77,8 +80,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
   constexpr uint32_t kRowBytes = 2 * kHeadDim;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* smem_q = reinterpret_cast<T*>(smem_raw);
-  T* smem_k = smem_q + Config::kTileQ;  // 2 buffers
-  T* smem_v = smem_k + 2 * Config::kTileKV;  // 2 buffers
+  constexpr int kStages = Config::kStages;
+  T* smem_k = smem_q + Config::kTileQ;  // kStages buffers each
+  T* smem_v = smem_k + kStages * Config::kTileKV;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group_id = lane / 4, quad = lane % 4;
   const int group = p.heads / p.heads_kv;
@@ -150,13 +154,17 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
 #pragma unroll
   for (int t = 0; t < kDTiles; ++t) acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.0f;
 
-  if (num_n_blocks > 0) {
-    load_rows<Config, kBlockM>(smem_q, q_row, p.head_dim, q);
-    fetch_pages(n_lo);
-    load_kv(0, n_lo);
-    if (num_n_blocks > 1) fetch_pages(n_lo + kBlockN);
+  // Prologue: Q and the first kStages - 1 tiles, one commit group per tile (Q rides the first).
+  if (num_n_blocks > 0) load_rows<Config, kBlockM>(smem_q, q_row, p.head_dim, q);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_n_blocks) {
+      fetch_pages(n_lo + s * kBlockN);
+      load_kv(s, n_lo + s * kBlockN);
+    }
+    ptx::cp_async_commit();
   }
-  ptx::cp_async_commit();
+  if (kStages - 1 < num_n_blocks) fetch_pages(n_lo + (kStages - 1) * kBlockN);
 
   // Two ways to share a tile among the 4 warps. Rows: warp w owns rows 16 w + [0, 16) and every
   // key of the tile. Keys, when all the block's rows fit one m16 tile (decode: group · Sq ≤ 16):
@@ -271,12 +279,12 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
   };
 
   for (int it = 0; it < num_n_blocks; ++it) {
-    const int n_start = n_lo + it * kBlockN, buffer = it % 2;
-    ptx::cp_async_wait<0>();
-    __syncthreads();  // this tile is in; every warp is done with the other buffer
-    if (it + 1 < num_n_blocks) load_kv(buffer ^ 1, n_start + kBlockN);
+    const int n_start = n_lo + it * kBlockN, buffer = it % kStages, ahead = it + kStages - 1;
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next
+    if (ahead < num_n_blocks) load_kv(ahead % kStages, n_lo + ahead * kBlockN);
     ptx::cp_async_commit();
-    if (it + 2 < num_n_blocks) fetch_pages(n_start + 2 * kBlockN);
+    if (ahead + 1 < num_n_blocks) fetch_pages(n_lo + (ahead + 1) * kBlockN);
     if (!warp_busy) continue;  // (a warp-uniform branch; the loop's barrier stays at its top)
     if (share_keys) {
       tile_math(std::integral_constant<int, 1>{}, buffer, n_start);
@@ -463,7 +471,7 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
   (void)head_dim;  // every head dim's block has 64 rows
   const int64_t row_blocks = (int64_t(heads / heads_kv) * seqlen_q + 63) / 64;
   const int64_t blocks = int64_t(batch) * heads_kv * row_blocks;
-  const int64_t slots = 2 * int64_t(sm_count);  // about two blocks per SM (40-96 KiB of shared memory each)
+  const int64_t slots = 2 * int64_t(sm_count);  // about two blocks per SM (56-112 KiB of shared memory each)
   const int max_splits = int(std::clamp<int64_t>(capacity / 256, 1, kMaxSplits));  // splits of ≥ 256 keys
   // The share of the last wave's slots that work, for s splits; the fewest splits within 85% of
   // the best (as FlashAttention-2 chooses): each split adds fp32 partials and a combine.
