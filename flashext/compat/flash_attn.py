@@ -8,12 +8,16 @@ with flash-attn's argument names, defaults and return values (return_attn_probs 
 What flashext does not do raises NotImplementedError naming the argument: dropout_p > 0,
 alibi_slopes, and in flash_attn_with_kvcache rotary embeddings, cache_batch_idx and cache_leftpad.
 Layouts as flash-attn: q (B, Sq, H, D), k/v (B, Sk, Hkv, D); packed qkv (B, S, 3, H, D), kv
-(B, S, 2, Hkv, D); varlen (total, H, D) with int32 cu_seqlens.
+(B, S, 2, Hkv, D); varlen (total, H, D) with int32 cu_seqlens. Head dims that are not a multiple
+of 8 are zero-padded to the next one, as flash-attn pads them (the output is a view of the first
+head_dim columns; the default scale stays 1/sqrt(head_dim)), except in flash_attn_with_kvcache,
+whose caches are updated in place and cannot be padded copies.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .. import attention as _attention
@@ -42,12 +46,29 @@ def _result(out: Tensor, lse: Tensor, return_attn_probs: bool):
     return (out, lse, None) if return_attn_probs else out
 
 
+def _attend(attend, q: Tensor, k: Tensor, v: Tensor, softmax_scale):
+    """attend(q, k, v, softmax_scale) -> (out, lse), with a head dim that is not a multiple of 8
+    zero-padded to the next one first (zero columns change no score, and add output columns that
+    are sliced off): flash-attn's Python layer does the same."""
+    head_dim = q.shape[-1]
+    if head_dim % 8 == 0 or head_dim > 256 or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        return attend(q, k, v, softmax_scale)  # the op names what is wrong, if anything is
+    pad = -head_dim % 8
+    scale = head_dim ** -0.5 if softmax_scale is None else softmax_scale
+    out, lse = attend(*(F.pad(t, (0, pad)) for t in (q, k, v)), scale)
+    return out[..., :head_dim], lse
+
+
+def _dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic):
+    return _attend(lambda q, k, v, scale: _attention.flash_attention(
+        q, k, v, causal=causal, softmax_scale=scale, window_size=tuple(window_size), softcap=softcap,
+        return_lse=True, deterministic=deterministic), q, k, v, softmax_scale)
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     _refuse("flash_attn_func", dropout_p, alibi_slopes)
-    out, lse = _attention.flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                          window_size=tuple(window_size), softcap=softcap, return_lse=True,
-                                          deterministic=deterministic)
+    out, lse = _dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic)
     return _result(out, lse, return_attn_probs)
 
 
@@ -55,9 +76,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                               alibi_slopes=None, deterministic=False, return_attn_probs=False):
     _refuse("flash_attn_qkvpacked_func", dropout_p, alibi_slopes)
     q, k, v = qkv.unbind(dim=2)  # views of (B, S, 3, H, D): no copies
-    out, lse = _attention.flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                          window_size=tuple(window_size), softcap=softcap, return_lse=True,
-                                          deterministic=deterministic)
+    out, lse = _dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic)
     return _result(out, lse, return_attn_probs)
 
 
@@ -65,9 +84,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     _refuse("flash_attn_kvpacked_func", dropout_p, alibi_slopes)
     k, v = kv.unbind(dim=2)
-    out, lse = _attention.flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                          window_size=tuple(window_size), softcap=softcap, return_lse=True,
-                                          deterministic=deterministic)
+    out, lse = _dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic)
     return _result(out, lse, return_attn_probs)
 
 
@@ -78,10 +95,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if block_table is not None:
         raise NotImplementedError("flashext.compat.flash_attn.flash_attn_varlen_func: block_table (paged varlen) is "
                                   "not supported; use flash_attn_with_kvcache for paged caches")
-    out, lse = _attention.flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                 causal=causal, softmax_scale=softmax_scale,
-                                                 window_size=tuple(window_size), softcap=softcap, return_lse=True,
-                                                 deterministic=deterministic)
+    out, lse = _attend(lambda q, k, v, scale: _attention.flash_attention_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, softmax_scale=scale,
+        window_size=tuple(window_size), softcap=softcap, return_lse=True, deterministic=deterministic),
+        q, k, v, softmax_scale)
     return _result(out, lse, return_attn_probs)
 
 
