@@ -1,7 +1,7 @@
 """flashext.integrations.transformers on CPU: registration, and the integration's own logic —
 padding (left and right) through the varlen path, packed sequences, caches in generate(),
-gradients — with flashext's kernels replaced by the reference (the kernels are CUDA-only; the GPU
-tests compare the real thing). Skips when transformers is not installed."""
+gradients — with flashext's kernels replaced by the reference (the kernels are CUDA-only;
+test_transformers_gpu.py compares the real thing). Skips when transformers is not installed."""
 
 import pytest
 import torch
@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 import flashext  # noqa: E402
 import flashext.integrations.transformers as integration  # noqa: E402
 from flashext import reference as ref  # noqa: E402
+from tests.hf_families import FAMILIES, family_model  # noqa: E402
 
 CALLS = {"dense": 0, "varlen": 0, "varlen_rows": []}
 
@@ -104,6 +105,20 @@ def test_generate_with_a_cache_matches_eager():
     assert torch.equal(ours, eager)
 
 
+def test_generate_with_a_static_cache_matches_the_dynamic_cache():
+    """A static cache is longer than the padding mask transformers passes: its unfilled slots must be
+    left out (keys past the mask), or every row but the first reads the wrong keys."""
+    ids = torch.randint(1, 97, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :6] = 0
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    model = tiny_llama("flashext")
+    dynamic = model.generate(ids, attention_mask=mask, **kwargs)
+    static = model.generate(ids, attention_mask=mask, cache_implementation="static", **kwargs)
+    assert torch.equal(static, dynamic)
+
+
 def test_gradients_flow_and_match_eager():
     ids = torch.randint(0, 97, (2, 12))
     losses, grads = [], []
@@ -124,33 +139,9 @@ def test_unsupported_requests_are_refused():
     assert integration._window(None) == (-1, -1) and integration._window(4096) == (4095, -1)
 
 
-FAMILIES = {  # tiny configs of the decoder families transformers ships: GQA, sliding windows, softcap
-    "mistral": ("MistralConfig", "MistralForCausalLM", {"num_key_value_heads": 2, "sliding_window": 6}),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 2}),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 6}),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"num_key_value_heads": 2, "head_dim": 16,
-                                                         "sliding_window": 6}),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {}),
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel", None),
-}
-
-
 def family_models(family):
     """The same random tiny model of a family once per attention implementation."""
-    config_name, model_name, extra = FAMILIES[family]
-    config_cls, model_cls = getattr(transformers, config_name), getattr(transformers, model_name)
-    if extra is None:  # GPT-2 names its sizes its own way
-        kwargs = {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 97, "bos_token_id": 0, "eos_token_id": 0}
-    else:
-        kwargs = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                  "vocab_size": 97, **extra}
-    models = {}
-    for implementation in ("flashext", "eager"):
-        torch.manual_seed(0)
-        model = model_cls(config_cls(**kwargs)).to(torch.bfloat16).eval()  # a config each: it records the choice
-        model.set_attn_implementation(implementation)
-        models[implementation] = model
-    return models
+    return {implementation: family_model(family, implementation) for implementation in ("flashext", "eager")}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -220,15 +211,12 @@ def test_unpad_indices_found_once_per_mask():
     assert torch.equal(decode[1], torch.tensor([1])) and torch.equal(decode[2], torch.tensor([0, 0, 1], dtype=torch.int32))
 
 
-@pytest.mark.parametrize("family", ["llama"] + list(FAMILIES))
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_free_runs_the_real_tokens_only_and_matches_eager(family, side):
     """apply_flashext(padding_free=True): every layer sees only the real tokens (varlen over their
     count, not B x S), logits on real tokens match eager, the padding's are 0."""
-    if family == "llama":
-        models = {"flashext": tiny_llama("flashext"), "eager": tiny_llama("eager")}
-    else:
-        models = family_models(family)
+    models = family_models(family)
     done = integration.apply_flashext(models["flashext"], bias_gelu=False, padding_free=True)
     assert done["padding_free"]
     ids = torch.randint(0, 97, (3, 14))

@@ -5,7 +5,8 @@
     model.set_attn_implementation("flashext")  # or on a loaded model
 
 Registers `flashext_attention_forward` with transformers' AttentionInterface, and transformers'
-flash-attention mask (a 2D padding mask, or None when nothing is padded) with AttentionMaskInterface,
+flash-attention mask (a 2D padding mask, or None when nothing is padded; with a static cache always
+the mask, shorter than the cache, whose unfilled slots are then left out) with AttentionMaskInterface,
 under the name "flashext". The function takes transformers' (B, H, S, D) query/key/value, causal or
 not as the module says, the model's scaling, sliding window and softcap, and:
   - no padding: flashext.flash_attention on transposed views (no copies);
@@ -78,6 +79,8 @@ def _unpadded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor):
     """(B, S, H, D) q, k, v and a (B, Sk) padding mask (True or 1 = a real token) → the real tokens
     packed, their offsets and maxima, and the query rows' indices to scatter the output back."""
     batch, seqlen_q = q.shape[:2]
+    if k.shape[1] > mask.shape[1]:  # a static cache: the slots past the mask are not filled yet
+        k, v = k[:, : mask.shape[1]], v[:, : mask.shape[1]]
     keys, queries, cu_q, cu_k = _unpad_indices(mask, seqlen_q)
     packed_q = q.reshape(batch * seqlen_q, *q.shape[2:])[queries]
     packed_k = k.reshape(-1, *k.shape[2:])[keys]
