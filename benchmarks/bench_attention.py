@@ -5,8 +5,8 @@
 fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2048 / D) for fp16/bf16,
         D ∈ {64, 128, 256}, causal and not, S = 512 … 16384: flashext, its Triton twin, SDPA's
         flash (FA2), cuDNN and memory-efficient backends, FlexAttention (fp16, D = 128 only:
-        each shape compiles) and, at D = 128 on sm_90, flashext_sm90 (the Hopper kernel before
-        flash_attention dispatches to it). Each implementation is first checked against flashext.reference
+        each shape compiles) and, on sm_90, flashext_sm90 (the Hopper kernel alone; flash_attention
+        runs it at D = 128 there). Each implementation is first checked against flashext.reference
         on the last 256 query rows (which see every key) by the tolerance rule, then timed in
         rounds whose order is balanced (each follows each other equally often); median round.
 train   forward + backward and the backward alone, TFLOP/s (forward 4·B·H·S²·D, backward 2.5× that,
@@ -65,7 +65,7 @@ def implementations(dname: str, head_dim: int):
         "sdpa_cudnn": (sdpa_backend(SDPBackend.CUDNN_ATTENTION), "bhsd"),
         "sdpa_mem_efficient": (sdpa_backend(SDPBackend.EFFICIENT_ATTENTION), "bhsd"),
     }
-    if head_dim == 128 and attention._hopper_forward_available():  # the Hopper kernel, not yet dispatched to
+    if attention._hopper_forward_available():  # the Hopper kernel, not yet dispatched to
         impls["flashext_sm90"] = (lambda q, k, v, causal: attention._flash_attention_sm90(q, k, v, causal=causal)[0],
                                   "bshd")
     if dname == "fp16" and head_dim == 128:

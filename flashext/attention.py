@@ -37,9 +37,9 @@ def _hopper_forward_available() -> bool:
 
 def _flash_attention_sm90(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> tuple[Tensor, Tensor]:
-    """(out, lse) of flash_attention by the Hopper kernel (wgmma, TMA, warp specialisation) that is
-    being made fast before flash_attention dispatches to it: D = 128, dense, forward only, on an
-    sm_90 GPU with an sm_90a build. For its tests and bench_attention; not a public API."""
+    """(out, lse) by the Hopper kernel (wgmma, TMA, warp specialisation) alone: D = 64, 128, 256,
+    dense, forward only, on an sm_90 GPU with an sm_90a build (flash_attention uses it at D = 128
+    there). For its tests and bench_attention; not a public API."""
     return _ops._flash_attn_fwd_sm90(q, k, v, causal, softmax_scale, window_size[0], window_size[1], softcap)
 
 

@@ -1,6 +1,7 @@
 """The Hopper forward (csrc/kernels/attention/flash_fwd_sm90.cu) through its private op
-flashext::_flash_attn_fwd_sm90, against the reference by DESIGN.md's rule, before
-flash_attention dispatches to it: D = 128, dense, fp16 / bf16, every mask and option.
+flashext::_flash_attn_fwd_sm90, against the reference by DESIGN.md's rule: D = 64, 128 and 256,
+dense, fp16 / bf16, every mask and option (flash_attention dispatches to it at D = 128, where the
+whole attention suite runs on it too).
 The GPU tests run on an sm_90 GPU with a build holding sm_90a code and skip elsewhere with the
 reason; the shape and argument checks run on meta tensors everywhere."""
 
@@ -14,47 +15,52 @@ requires_hopper = pytest.mark.skipif(not attention._hopper_forward_available(),
                                      reason="needs an sm_90 GPU and a build with sm_90a code")
 attend = attention._flash_attention_sm90
 SEQLENS = [(1, 1), (1, 300), (113, 203), (128, 128), (255, 1), (300, 257), (1023, 1024), (2048, 2048)]
+HEAD_DIMS = [64, 128, 256]
 
 
 @requires_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLENS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_seqlens_batches_gqa(dtype, causal, seqlen_q, seqlen_k):
+def test_seqlens_batches_gqa(dtype, causal, seqlen_q, seqlen_k, head_dim):
     for batch, heads_kv in ((1, 6), (3, 2), (2, 1)):
-        check_attention(*make_qkv(batch, seqlen_q, seqlen_k, 6, heads_kv, 128, dtype), attend, causal=causal)
+        check_attention(*make_qkv(batch, seqlen_q, seqlen_k, 6, heads_kv, head_dim, dtype), attend, causal=causal)
 
 
 @requires_hopper
 @pytest.mark.parametrize("kwargs", [{"window_size": (100, 50)}, {"window_size": (0, 0)}, {"window_size": (7, -1)},
                                     {"softcap": 5.0, "causal": True}, {"softmax_scale": 0.05},
                                     {"causal": True, "window_size": (64, 0)}])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_options(dtype, kwargs):
-    check_attention(*make_qkv(2, 333, 517, 4, 2, 128, dtype), attend, **kwargs)
+def test_options(dtype, head_dim, kwargs):
+    check_attention(*make_qkv(2, 333, 517, 4, 2, head_dim, dtype), attend, **kwargs)
 
 
 @requires_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_layouts(dtype):
+def test_layouts(dtype, head_dim):
     # strided views of one packed qkv, a transposed (B, H, S, D) layout, and an unaligned start
-    check_attention(*make_qkv(2, 257, 257, 4, 4, 128, dtype, packed=True), attend, causal=True)
-    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in make_qkv(2, 200, 300, 4, 2, 128, dtype))
+    check_attention(*make_qkv(2, 257, 257, 4, 4, head_dim, dtype, packed=True), attend, causal=True)
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in make_qkv(2, 200, 300, 4, 2, head_dim, dtype))
     check_attention(q, k, v, attend)
-    q, k, v = make_qkv(1, 150, 170, 2, 2, 128, dtype)
+    q, k, v = make_qkv(1, 150, 170, 2, 2, head_dim, dtype)
     check_attention(at_offset(q, 3), at_offset(k, 5), v, attend)
 
 
 @requires_hopper
-def test_huge_logits_stay_finite():
-    q, k, v = make_qkv(1, 256, 256, 2, 2, 128, torch.bfloat16, scale=100.0, k_scale=100.0)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_huge_logits_stay_finite(head_dim):
+    q, k, v = make_qkv(1, 256, 256, 2, 2, head_dim, torch.bfloat16, scale=100.0, k_scale=100.0)
     check_attention(q, k, v, attend, causal=True)
 
 
 @requires_hopper
 def test_refusals_name_the_function():
-    q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.float16)
-    with pytest.raises(RuntimeError, match=r"flashext._flash_attn_fwd_sm90: head dim must be 128"):
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 96, torch.float16)
+    with pytest.raises(RuntimeError, match=r"flashext._flash_attn_fwd_sm90: head dim must be 64, 128 or 256"):
         attend(q, k, v)
     q, k, v = make_qkv(1, 16, 0, 2, 2, 128, torch.float16)
     with pytest.raises(RuntimeError, match=r"flashext._flash_attn_fwd_sm90: argument 'k' must hold"):
@@ -71,7 +77,7 @@ def test_meta_shapes_and_checks():
     q, k, v = make_qkv(2, 33, 45, 4, 2, 128, torch.float16, device="meta")
     out, lse = attend(q, k, v, causal=True)
     assert out.shape == q.shape and out.device.type == "meta" and lse.shape == (2, 4, 33)
-    with pytest.raises(RuntimeError, match=r"flashext._flash_attn_fwd_sm90: head dim must be 128, got 64"):
-        attend(*make_qkv(1, 8, 8, 2, 2, 64, torch.float16, device="meta"))
+    with pytest.raises(RuntimeError, match=r"flashext._flash_attn_fwd_sm90: head dim must be 64, 128 or 256, got 96"):
+        attend(*make_qkv(1, 8, 8, 2, 2, 96, torch.float16, device="meta"))
     with pytest.raises(RuntimeError, match=r"flashext._flash_attn_fwd_sm90: the number of query heads"):
         attend(*make_qkv(1, 8, 8, 3, 2, 128, torch.float16, device="meta"))

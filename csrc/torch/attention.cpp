@@ -215,7 +215,14 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const 
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, q.size(1), k.size(1), nullptr, nullptr,
                                                       align_top_left);
-  check_launch(kFlash, flashext::run_flash_fwd(p, current_stream(q)));
+  // D = 128 with keys on an sm_90 GPU (and an sm_90a build): the Hopper kernel (its grid holds
+  // heads and batch in y and z, up to 65535 each); else the FA2 one.
+  int major = 0, minor = 0;
+  device_capability(q.get_device(), &major, &minor);
+  const bool hopper = p.head_dim == 128 && p.seqlen_k > 0 && p.heads <= 65535 && p.batch <= 65535 &&
+                      flashext::flash_fwd_sm90_supported(major, minor);
+  check_launch(kFlash, hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q))
+                              : flashext::run_flash_fwd(p, current_stream(q)));
   return {out, lse};
 }
 
@@ -248,16 +255,18 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   return {out, lse};
 }
 
-// The Hopper forward while it is being made fast (flash_fwd_sm90.h): not what flash_attention
-// dispatches to yet, reachable for its tests and the benchmark. D = 128, dense, on an sm_90 GPU
-// with a build holding sm_90a code; q, k, v get the TMA's alignment (16-byte rows) by a copy.
+// The Hopper forward by itself (flash_fwd_sm90.h), for its tests and the benchmark: flash_attention
+// dispatches to it at D = 128; D = 64 and 256 run here only until they are measured. Dense, on an
+// sm_90 GPU with a build holding sm_90a code; q, k, v get the TMA's alignment (16-byte rows) by a copy.
 std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, const at::Tensor& k_in,
                                                        const at::Tensor& v_in, bool causal,
                                                        std::optional<double> softmax_scale, int64_t window_left,
                                                        int64_t window_right, double softcap) {
   check_qkv(kSm90, q_in, k_in, v_in, 4);
   check_options(kSm90, softmax_scale, window_left, window_right, softcap);
-  FX_CHECK(q_in.sym_size(-1) == 128, kSm90, ": head dim must be 128, got ", q_in.sym_size(-1));
+  const auto head_dim = q_in.sym_size(-1);
+  FX_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256, kSm90, ": head dim must be 64, 128 or 256, got ",
+           head_dim);
   FX_CHECK(k_in.sym_size(1) > 0, kSm90, ": argument 'k' must hold at least one key, got shape ", k_in.sym_sizes());
   at::Tensor out = output_like(q_in, false, false);
   at::Tensor lse = at::empty_symint({q_in.sym_size(0), q_in.sym_size(2), q_in.sym_size(1)},

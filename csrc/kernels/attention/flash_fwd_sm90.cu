@@ -1,15 +1,21 @@
 // flashext FlashAttention forward on Hopper (sm_90a), version 1: the structure of the plan in
-// docs/notes/attention.md ("Plan for the Hopper forward") without its overlaps yet. Not yet
-// dispatched to (flash_fwd_sm90.h says what checks and times it).
+// docs/notes/attention.md ("Plan for the Hopper forward") without its overlaps yet
+// (flash_fwd_sm90.h says who calls, checks and times it).
 //
-// D = 128, dense batch (no varlen), fp16 / bf16. A CTA per (query block of 128 rows, head, batch):
-// warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1 and 2 consume 64 query
-// rows each. Q and two stages of K and V (128 keys each) live in shared memory as 64-column slabs
+// D = 64, 128 and 256, dense batch (no varlen), fp16 / bf16. A CTA per (query block of 128 rows,
+// head, batch): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1 and 2
+// consume 64 query rows each. Q and two stages of K and V live in shared memory as 64-column slabs
 // with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
-// S = Q Kᵀ (wgmma SS, m64n128: all 128 keys per instruction), the online softmax in registers,
-// O += P V (wgmma RS m64n128: P from registers, V read MN-major as stored), then releases the
-// stage. K and V have full barriers of their own (one arrival plus the tile's bytes), so S starts
-// while V still lands; the empty barrier takes one arrival per consumer warpgroup.
+// S = Q Kᵀ (wgmma SS, m64nN with N the block's keys), the online softmax in registers, O += P V
+// (wgmma RS: P from registers, V read MN-major as stored; n64 or n128 per instruction), then
+// releases the stage. K and V have full barriers of their own (one arrival plus the tile's bytes),
+// so S starts while V still lands; the empty barrier takes one arrival per consumer warpgroup.
+//
+//   D     query × key block   shared memory (Q + 2 × (K + V))     registers per consumer thread
+//   64    128 × 128           16 + 2 · (16 + 16) = 80 KiB          S 64, O 32, P 32
+//   128   128 × 128           32 + 2 · (32 + 32) = 160 KiB         S 64, O 64, P 32
+//   256   128 × 64            64 + 2 · (32 + 32) = 192 KiB         S 32, O 128, P 16
+// FLOPs per key block and consumer warpgroup: 4 · 64 · N · D (S and P V), 4 MFLOP at D = 128.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -32,11 +38,22 @@ namespace flashext {
 namespace attention_detail {
 namespace {
 
-constexpr int kHeadDim = 128, kBlockM = 128, kBlockN = 128, kStages = 2;
+// Tiles per head dim (the table above). A tile of R rows is D / 64 slabs of R × 128 bytes.
+template <int kHeadDim_>
+struct Sm90FwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr int kStages = 2;
+  static constexpr int kSlabs = kHeadDim / 64;
+  static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
+  static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
+  // Q, the K and V stages, 1024 bytes of alignment slack, the barriers
+  static constexpr int kSmemBytes = kTileBytesQ + 2 * kStages * kTileBytesKV + 1024 + 64;
+  static_assert(kHeadDim % 64 == 0 && kSmemBytes <= 227 * 1024, "tiles must fit shared memory");
+};
+
 constexpr int kThreads = 3 * 128;
-constexpr int kSlabBytes = 128 * 128;                  // 128 rows × 64 columns × 2 bytes
-constexpr int kTileBytes = 2 * kSlabBytes;            // 128 rows × 128 columns (two slabs)
-constexpr int kSmemBytes = kTileBytes * (1 + 2 * kStages) + 1024 + 64;  // Q, K, V stages; alignment; barriers
 // Registers: the block starts at 65536 / kThreads = 168 each (__launch_bounds__ pins it); the
 // producer gives up to 24 and the consumers take 240, exactly the whole file.
 constexpr int kEntryRegisters = 168, kProducerRegisters = 24, kConsumerRegisters = 240;
@@ -44,22 +61,52 @@ static_assert(kThreads * kEntryRegisters <= 65536 &&
                   128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kEntryRegisters,
               "setmaxnreg must balance within the block's registers");
 
+// S (+)= Q Kᵀ for one k16 step: m64nN SS with N the key block.
+template <typename T, int kBlockN>
+__device__ __forceinline__ void qk_step(float (&s)[kBlockN / 2], uint64_t desc_q, uint64_t desc_k, int accumulate) {
+  if constexpr (kBlockN == 128) {
+    flashext::sm90::wgmma_m64n128k16_ss<T, 0>(s, desc_q, desc_k, accumulate);
+  } else {
+    static_assert(kBlockN == 64, "key blocks of 64 or 128");
+    flashext::sm90::wgmma_m64n64k16_ss<T, 0>(s, desc_q, desc_k, accumulate);
+  }
+}
+
+// O += P V for one k16 step of keys: the D columns of V in instructions of n64 (D = 64) or n128
+// (slabs 2 h and 2 h + 1 for O's columns 128 h + [0, 128)).
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void pv_step(float (&acc_o)[kHeadDim / 2], const uint32_t (&a)[4], uint64_t desc_v,
+                                        uint64_t slab_step) {
+  if constexpr (kHeadDim == 64) {
+    flashext::sm90::wgmma_m64n64k16_rs<T, 1>(acc_o, a, desc_v, 1);
+  } else {
+#pragma unroll
+    for (int h = 0; h < kHeadDim / 128; ++h) {
+      flashext::sm90::wgmma_m64n128k16_rs<T, 1>(*reinterpret_cast<float(*)[64]>(&acc_o[64 * h]), a,
+                                                desc_v + 2 * h * slab_step, 1);
+    }
+  }
+}
+
 struct Sm90Maps {
   CUtensorMap q, k, v;
 };
 
-template <typename T>
+template <typename T, typename Config>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_fwd_sm90_kernel(const FlashFwdParams p, const __grid_constant__ Sm90Maps maps) {
   namespace sm90 = flashext::sm90;
+  constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
+  constexpr int kStages = Config::kStages, kSlabs = Config::kSlabs;
+  constexpr int kTileBytesQ = Config::kTileBytesQ, kTileBytesKV = Config::kTileBytesKV;
   extern __shared__ unsigned char smem_raw[];
   // 1024-byte aligned tiles (the swizzle atom): Q, then K stages, then V stages, then barriers.
   const uint32_t raw = sm90::smem_addr(smem_raw);
   unsigned char* base = smem_raw + ((1024 - raw % 1024) % 1024);
   T* smem_q = reinterpret_cast<T*>(base);
-  T* smem_k = reinterpret_cast<T*>(base + kTileBytes);
-  T* smem_v = reinterpret_cast<T*>(base + kTileBytes * (1 + kStages));
-  uint64_t* bars = reinterpret_cast<uint64_t*>(base + kTileBytes * (1 + 2 * kStages));
+  T* smem_k = reinterpret_cast<T*>(base + kTileBytesQ);
+  T* smem_v = reinterpret_cast<T*>(base + kTileBytesQ + kStages * kTileBytesKV);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + kTileBytesQ + 2 * kStages * kTileBytesKV);
   uint64_t* q_full = bars;
   uint64_t* k_full = bars + 1;                // [kStages]
   uint64_t* v_full = bars + 1 + kStages;      // [kStages]
@@ -90,23 +137,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {  // producer: one thread issues the copies, the rest give their registers up
     sm90::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0 && num_n_blocks > 0) {
-      sm90::mbarrier_arrive_expect_tx(q_full, kTileBytes);
-      for (int slab = 0; slab < 2; ++slab) {
-        sm90::tma_load_4d(reinterpret_cast<unsigned char*>(smem_q) + slab * kSlabBytes, &maps.q, q_full, 64 * slab,
-                          head, m_start, batch);
+      sm90::mbarrier_arrive_expect_tx(q_full, kTileBytesQ);
+      for (int slab = 0; slab < kSlabs; ++slab) {
+        sm90::tma_load_4d(reinterpret_cast<unsigned char*>(smem_q) + slab * Config::kSlabBytesQ, &maps.q, q_full,
+                          64 * slab, head, m_start, batch);
       }
       for (int it = 0; it < num_n_blocks; ++it) {
         const int stage = it % kStages, n_start = n_lo + it * kBlockN;
         if (it >= kStages) sm90::mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
-        unsigned char* k_tile = reinterpret_cast<unsigned char*>(smem_k) + stage * kTileBytes;
-        unsigned char* v_tile = reinterpret_cast<unsigned char*>(smem_v) + stage * kTileBytes;
-        sm90::mbarrier_arrive_expect_tx(&k_full[stage], kTileBytes);
-        for (int slab = 0; slab < 2; ++slab) {
-          sm90::tma_load_4d(k_tile + slab * kSlabBytes, &maps.k, &k_full[stage], 64 * slab, kv_head, n_start, batch);
+        unsigned char* k_tile = reinterpret_cast<unsigned char*>(smem_k) + stage * kTileBytesKV;
+        unsigned char* v_tile = reinterpret_cast<unsigned char*>(smem_v) + stage * kTileBytesKV;
+        sm90::mbarrier_arrive_expect_tx(&k_full[stage], kTileBytesKV);
+        for (int slab = 0; slab < kSlabs; ++slab) {
+          sm90::tma_load_4d(k_tile + slab * Config::kSlabBytesKV, &maps.k, &k_full[stage], 64 * slab, kv_head,
+                            n_start, batch);
         }
-        sm90::mbarrier_arrive_expect_tx(&v_full[stage], kTileBytes);
-        for (int slab = 0; slab < 2; ++slab) {
-          sm90::tma_load_4d(v_tile + slab * kSlabBytes, &maps.v, &v_full[stage], 64 * slab, kv_head, n_start, batch);
+        sm90::mbarrier_arrive_expect_tx(&v_full[stage], kTileBytesKV);
+        for (int slab = 0; slab < kSlabs; ++slab) {
+          sm90::tma_load_4d(v_tile + slab * Config::kSlabBytesKV, &maps.v, &v_full[stage], 64 * slab, kv_head,
+                            n_start, batch);
         }
       }
     }
@@ -121,9 +170,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float score_scale = softcap_on ? kLog2e : p.softmax_scale * kLog2e;
   const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
 
-  float acc_o[64];  // O in the wgmma m64n128 accumulator layout: dims 8 i + 2 quad + {0, 1} at 4 i + ...
+  // O in the wgmma accumulator layout: element 4 i + 2 r + e holds row row0 + 8 r, dim 8 i + 2 quad + e
+  float acc_o[kHeadDim / 2];
 #pragma unroll
-  for (int e = 0; e < 64; ++e) acc_o[e] = 0.0f;
+  for (int e = 0; e < kHeadDim / 2; ++e) acc_o[e] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
   if (num_n_blocks > 0) sm90::mbarrier_wait(q_full, 0);
@@ -133,28 +183,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int stage = it % kStages, n_start = n_lo + it * kBlockN;
     const int phase = (it / kStages) & 1;
     sm90::mbarrier_wait(&k_full[stage], phase);
-    const unsigned char* k_tile = reinterpret_cast<const unsigned char*>(smem_k) + stage * kTileBytes;
-    const unsigned char* v_tile = reinterpret_cast<const unsigned char*>(smem_v) + stage * kTileBytes;
+    const unsigned char* k_tile = reinterpret_cast<const unsigned char*>(smem_k) + stage * kTileBytesKV;
+    const unsigned char* v_tile = reinterpret_cast<const unsigned char*>(smem_v) + stage * kTileBytesKV;
 
-    // S = Q Kᵀ over all 128 keys (rows of every slab); head-dim k16 step kk is slab kk / 4, 32
-    // bytes × (kk % 4) in.
-    float s[64];
+    // S = Q Kᵀ over the block's keys (rows of every slab); head-dim k16 step kk is slab kk / 4, 32
+    // bytes × (kk % 4) in (descriptor units of 16 bytes).
+    float s[kBlockN / 2];
     const uint64_t desc_k0 = sm90::smem_descriptor(k_tile, 16, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint64_t step = uint64_t((kk / 4) * (kSlabBytes >> 4) + 2 * (kk % 4));
-      sm90::wgmma_m64n128k16_ss<T, 0>(s, desc_q0 + step, desc_k0 + step, kk > 0);
+      const uint64_t in_slab = uint64_t(2 * (kk % 4));
+      qk_step<T, kBlockN>(s, desc_q0 + uint64_t((kk / 4) * (Config::kSlabBytesQ >> 4)) + in_slab,
+                          desc_k0 + uint64_t((kk / 4) * (Config::kSlabBytesKV >> 4)) + in_slab, kk > 0);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     sm90::fence_operands(s);
 
     // Soft-cap, then the mask where the block crosses a boundary. Element 4 i + e: row row0 + 8 ·
-    // (e / 2), key n_start + 8 i + 2 quad + e % 2 (n8 tile i of 16).
+    // (e / 2), key n_start + 8 i + 2 quad + e % 2 (n8 tile i of kBlockN / 8).
     if (softcap_on) {  // (a uniform branch around the loop, not one per score)
 #pragma unroll
-      for (int e = 0; e < 64; ++e) s[e] = p.softcap * tanhf(s[e] * cap_scale);
+      for (int e = 0; e < kBlockN / 2; ++e) s[e] = p.softcap * tanhf(s[e] * cap_scale);
     }
     const bool full_block = n_start + kBlockN <= seqlen_k &&
                             (p.window_right < 0 || n_start + kBlockN - 1 <= m_start + diag + p.window_right) &&
@@ -166,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int right = p.window_right < 0 ? seqlen_k : min(seqlen_k, row + diag + p.window_right + 1);
         const int left = p.window_left < 0 ? INT32_MIN : row + diag - p.window_left;
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
+        for (int i = 0; i < kBlockN / 8; ++i)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int key = n_start + 8 * i + 2 * quad + e;
@@ -177,12 +228,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Online softmax per row (its 4 owners are one lane quad); P rounded to T and summed as rounded,
     // so a row's weights add up to 1 whatever the rounding. O is rescaled before P V adds to it.
-    uint32_t p16[16][2];  // [n8 tile][row r]: the pair of this thread's columns
+    uint32_t p16[kBlockN / 8][2];  // [n8 tile][row r]: the pair of this thread's columns
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float tile_max = -INFINITY;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) tile_max = fmaxf(tile_max, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+      for (int i = 0; i < kBlockN / 8; ++i) tile_max = fmaxf(tile_max, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[r], tile_max);
@@ -190,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float base_max = safe_row_max(new_max) * score_scale;
       float tile_sum = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
+      for (int i = 0; i < kBlockN / 8; ++i) {
         const uint32_t pair = ptx::pack2<T>(ptx::exp2_approx(fmaf(s[4 * i + 2 * r], score_scale, -base_max)),
                                             ptx::exp2_approx(fmaf(s[4 * i + 2 * r + 1], score_scale, -base_max)));
         p16[i][r] = pair;
@@ -200,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       row_sum[r] = row_sum[r] * alpha + tile_sum;
       row_max[r] = new_max;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
+      for (int i = 0; i < kHeadDim / 8; ++i) {
         acc_o[4 * i + 2 * r] *= alpha;
         acc_o[4 * i + 2 * r + 1] *= alpha;
       }
@@ -212,14 +263,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // pinned before the fence.)
     sm90::fence_operands(acc_o);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) sm90::fence_operands(p16[i]);
+    for (int i = 0; i < kBlockN / 8; ++i) sm90::fence_operands(p16[i]);
     sm90::mbarrier_wait(&v_full[stage], phase);
-    const uint64_t desc_v0 = sm90::smem_descriptor(v_tile, kSlabBytes, 1024);
+    const uint64_t desc_v0 = sm90::smem_descriptor(v_tile, Config::kSlabBytesKV, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t a[4] = {p16[2 * kk][0], p16[2 * kk][1], p16[2 * kk + 1][0], p16[2 * kk + 1][1]};
-      sm90::wgmma_m64n128k16_rs<T, 1>(acc_o, a, desc_v0 + uint64_t(128 * kk), 1);
+      pv_step<T, kHeadDim>(acc_o, a, desc_v0 + uint64_t(128 * kk), uint64_t(Config::kSlabBytesKV >> 4));
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
@@ -239,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (row >= seqlen_q) continue;
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < kHeadDim / 8; ++i) {
       const int col = 8 * i + 2 * quad;
       *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
           ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv, acc_o[4 * i + 2 * r + 1] * inv);
@@ -251,8 +302,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <typename T>
+template <typename T, typename Config>
 cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
+  constexpr int kHeadDim = Config::kHeadDim;
   Sm90Maps maps;
   const auto map = [](CUtensorMap* out, const void* base, int64_t heads, int64_t rows, int64_t batch,
                       int64_t row_stride, int64_t head_stride, int64_t batch_stride, uint32_t box_rows) {
@@ -267,15 +319,16 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
     return make_tma_4d_swizzle128(out, base, dims, strides, box);
   };
   FX_RETURN_IF_ERROR(map(&maps.q, p.q, p.heads, p.seqlen_q, p.batch, p.q_row_stride, p.q_head_stride,
-                         p.q_batch_stride, kBlockM));
+                         p.q_batch_stride, Config::kBlockM));
   FX_RETURN_IF_ERROR(map(&maps.k, p.k, p.heads_kv, p.seqlen_k, p.batch, p.k_row_stride, p.k_head_stride,
-                         p.k_batch_stride, kBlockN));
+                         p.k_batch_stride, Config::kBlockN));
   FX_RETURN_IF_ERROR(map(&maps.v, p.v, p.heads_kv, p.seqlen_k, p.batch, p.v_row_stride, p.v_head_stride,
-                         p.v_batch_stride, kBlockN));
-  auto kernel = flash_fwd_sm90_kernel<T>;
-  FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, kSmemBytes));
-  const dim3 grid(unsigned((p.seqlen_q + kBlockM - 1) / kBlockM), unsigned(p.heads), unsigned(p.batch));
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, maps);
+                         p.v_batch_stride, Config::kBlockN));
+  auto kernel = flash_fwd_sm90_kernel<T, Config>;
+  FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
+  const dim3 grid(unsigned((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM), unsigned(p.heads),
+                  unsigned(p.batch));
+  kernel<<<grid, kThreads, Config::kSmemBytes, stream>>>(p, maps);
   return cudaGetLastError();
 }
 
@@ -289,12 +342,18 @@ bool flash_fwd_sm90_supported(int major, int minor) {
 
 cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using namespace attention_detail;
-  if (p.head_dim != kHeadDim || p.cu_seqlens_q != nullptr || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0 ||
-      p.heads % p.heads_kv != 0 || p.seqlen_q <= 0 || p.seqlen_k <= 0) {
+  if ((p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) || p.cu_seqlens_q != nullptr || p.batch <= 0 ||
+      p.heads <= 0 || p.heads_kv <= 0 || p.heads % p.heads_kv != 0 || p.seqlen_q <= 0 || p.seqlen_k <= 0) {
     return cudaErrorInvalidValue;
   }
-  return with_16bit_type(p.dtype, cudaErrorInvalidValue,
-                         [&](auto type) { return launch<typename decltype(type)::type>(p, stream); });
+  return with_16bit_type(p.dtype, cudaErrorInvalidValue, [&](auto type) {
+    using T = typename decltype(type)::type;
+    switch (p.head_dim) {
+      case 64: return launch<T, Sm90FwdConfig<64>>(p, stream);
+      case 128: return launch<T, Sm90FwdConfig<128>>(p, stream);
+      default: return launch<T, Sm90FwdConfig<256>>(p, stream);
+    }
+  });
 }
 
 }  // namespace flashext

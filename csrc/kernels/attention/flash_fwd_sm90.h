@@ -1,8 +1,10 @@
-// flashext Hopper FlashAttention forward (flash_fwd_sm90.cu): not yet dispatched to by
-// run_flash_fwd; FlashFwdKernel.Sm90AgainstCpuReference (tests/cpp/test_attention.cpp) and
+// flashext Hopper FlashAttention forward (flash_fwd_sm90.cu): flash_attention's dense forward at
+// D = 128 on sm_90 (the torch glue dispatches; run_flash_fwd stays the FA2-design kernel);
+// FlashFwdKernel.Sm90AgainstCpuReference (tests/cpp/test_attention.cpp) and
 // tests/test_attention_sm90.py (through the private op flashext::_flash_attn_fwd_sm90) check it
-// against the references, and bench_attention times it as flashext_sm90.
-// D = 128, dense batch, fp16 / bf16, seqlen_k > 0; every other FlashFwdParams option as run_flash_fwd.
+// against the references at every head dim it takes, and bench_attention times it as flashext_sm90.
+// D = 64, 128 and 256, dense batch, fp16 / bf16, seqlen_k > 0; every other FlashFwdParams option as
+// run_flash_fwd.
 #pragma once
 
 #include <cuda_runtime_api.h>
