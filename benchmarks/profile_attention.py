@@ -6,8 +6,9 @@ by side.
 
 Runs flashext.flash_attention and SDPA's flash backend (FlashAttention-2) once per shape, on the
 benchmark grid's shapes (B · S = 16384 tokens, H = 2048 / D), so each pair of profiled kernels
-in the report did the same work. Shapes: FLASHEXT_PROFILE_SHAPES="dtype:D:causal:S,..." (default:
-the grid's weakest points).
+in the report did the same work; FLASHEXT_PROFILE_CUDNN=1 adds SDPA's cuDNN backend (the Hopper
+forward's anchor; scripts/gpu.sh then matches its kernels too). Shapes:
+FLASHEXT_PROFILE_SHAPES="dtype:D:causal:S,..." (default: the grid's weakest points).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main():
 
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     backward = os.environ.get("FLASHEXT_PROFILE_BWD") == "1"
+    cudnn = os.environ.get("FLASHEXT_PROFILE_CUDNN") == "1"
     for spec in os.environ.get("FLASHEXT_PROFILE_SHAPES", DEFAULT_BWD if backward else DEFAULT).split(","):
         dname, head_dim, causal, seqlen = spec.split(":")
         head_dim, causal, seqlen = int(head_dim), causal == "1", int(seqlen)
@@ -39,19 +41,21 @@ def main():
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtypes[dname], generator=gen)
                    for _ in range(3))
-        print(f"shape {dname} D={head_dim} {'causal' if causal else 'full'} S={seqlen}: flashext, then sdpa_flash",
-              flush=True)
+        backends = [SDPBackend.FLASH_ATTENTION] + ([SDPBackend.CUDNN_ATTENTION] if cudnn else [])
+        print(f"shape {dname} D={head_dim} {'causal' if causal else 'full'} S={seqlen}: flashext, then "
+              + ", ".join(b.name.lower() for b in backends), flush=True)
         if backward:
             q, k, v = (t.requires_grad_() for t in (q, k, v))
             dout = torch.randn_like(q)
         out = flashext.flash_attention(q, k, v, causal=causal)
         if backward:
             out.backward(dout)
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 is_causal=causal)
-            if backward:
-                out.backward(dout.transpose(1, 2))
+        for backend in backends:
+            with sdpa_kernel(backend):
+                out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                     is_causal=causal)
+                if backward:
+                    out.backward(dout.transpose(1, 2))
         torch.cuda.synchronize()
 
 
