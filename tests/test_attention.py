@@ -89,6 +89,19 @@ def test_packed_qkv_and_bhsd_views(dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_broadcast_views(head_dim):
+    # k and v expanded over the batch and the heads (zero strides; at D = 128 on Hopper the TMA maps
+    # take none, so the FA2-design kernel runs them)
+    q = torch.randn(3, 200, 4, head_dim, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(1, 150, 1, head_dim, device="cuda").to(torch.bfloat16).expand(3, -1, 2, -1)
+            for _ in range(2))
+    assert k.stride(0) == 0 and k.stride(2) == 0
+    check(q, k, v, causal=True)
+    check(q, k, v, window_size=(30, 5))
+
+
+@requires_cuda
 def test_fully_masked_rows_are_zero_never_nan():
     q, k, v = make(2, 300, 100, 6, 2, 64, torch.bfloat16)  # causal, bottom-right: 200 rows see nothing
     out, lse = check(q, k, v, causal=True)

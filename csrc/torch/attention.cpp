@@ -215,11 +215,17 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const 
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, q.size(1), k.size(1), nullptr, nullptr,
                                                       align_top_left);
-  // D = 128 with keys on an sm_90 GPU (and an sm_90a build): the Hopper kernel (its grid holds
-  // heads and batch in y and z, up to 65535 each); else the FA2 one.
+  // D = 128 with keys on an sm_90 GPU (and an sm_90a build): the Hopper kernel (its TMA maps take
+  // no zero strides, which broadcast views such as expand() have); else the FA2 one.
   int major = 0, minor = 0;
   device_capability(q.get_device(), &major, &minor);
-  const bool hopper = p.head_dim == 128 && p.seqlen_k > 0 && p.heads <= 65535 && p.batch <= 65535 &&
+  const auto no_broadcast = [](const at::Tensor& t) {
+    for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+      if (t.size(d) > 1 && t.stride(d) == 0) return false;
+    }
+    return true;
+  };
+  const bool hopper = p.head_dim == 128 && p.seqlen_k > 0 && no_broadcast(q) && no_broadcast(k) && no_broadcast(v) &&
                       flashext::flash_fwd_sm90_supported(major, minor);
   check_launch(kFlash, hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q))
                               : flashext::run_flash_fwd(p, current_stream(q)));
