@@ -9,6 +9,9 @@ benchmark grid's shapes (B · S = 16384 tokens, H = 2048 / D), so each pair of p
 in the report did the same work; FLASHEXT_PROFILE_CUDNN=1 adds SDPA's cuDNN backend (the Hopper
 forward's anchor; scripts/gpu.sh then matches its kernels too). Shapes:
 FLASHEXT_PROFILE_SHAPES="dtype:D:causal:S,..." (default: the grid's weakest points).
+FLASHEXT_PROFILE_DECODE=1 profiles decode instead (bench_decode.py's shapes: one query token, GQA
+32/8, D = 128, batch × KV length FLASHEXT_PROFILE_SHAPES="B:S,...", default 1:32768,64:8192):
+flash_attention_with_kvcache (the split kernel and its combine) beside SDPA's cuDNN backend.
 """
 
 from __future__ import annotations
@@ -28,8 +31,28 @@ DEFAULT = "bf16:64:1:512,bf16:64:1:2048,bf16:128:0:512,bf16:256:0:2048,bf16:256:
 DEFAULT_BWD = "bf16:64:0:4096,bf16:128:0:4096,bf16:128:1:4096,bf16:256:0:4096"
 
 
+def decode(shapes: str) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for spec in shapes.split(","):
+        batch, seqlen = (int(x) for x in spec.split(":"))
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        k, v = (torch.randn(batch, seqlen, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+                for _ in range(2))
+        lens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
+        print(f"decode bf16 {batch} x {seqlen}: flashext, then sdpa_cudnn", flush=True)
+        flashext.flash_attention_with_kvcache(q, k, v, lens)
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
+        torch.cuda.synchronize()
+
+
 def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if os.environ.get("FLASHEXT_PROFILE_DECODE") == "1":
+        return decode(os.environ.get("FLASHEXT_PROFILE_SHAPES", "1:32768,64:8192"))
 
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     backward = os.environ.get("FLASHEXT_PROFILE_BWD") == "1"

@@ -29,6 +29,7 @@
 #             profile_train: torch.profiler on the example's training step (host vs GPU time, top kernels)
 #   FLASHEXT_PROFILE_BWD=1  profile the backward's main kernels instead of the forward
 #   FLASHEXT_PROFILE_CUDNN=1  SDPA's cuDNN backend's kernels beside them (the Hopper path's anchor)
+#   FLASHEXT_PROFILE_DECODE=1  the decode kernels (split and combine) beside cuDNN's instead
 #   FLASHEXT_PROFILE_SHAPES="bf16:256:0:512"  profile's shapes; FLASHEXT_PROFILE_SOURCE=1 adds
 #             per-instruction stall sampling (attention_source.csv)
 #
@@ -105,6 +106,7 @@ profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash
   local kernels=flash_fwd
   [ "${FLASHEXT_PROFILE_BWD:-0}" = 1 ] && kernels="flash_bwd_kernel|flash_bwd_dq_dk_dv"
   [ "${FLASHEXT_PROFILE_CUDNN:-0}" = 1 ] && kernels="$kernels|cudnn|fprop|dgrad|sdpa|sm90"
+  [ "${FLASHEXT_PROFILE_DECODE:-0}" = 1 ] && kernels="flash_decode|cudnn|fprop|sdpa|sm90"
   ncu --clock-control none -k "regex:$kernels" -f -o "$OUT/attention_profile" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
     --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis \
