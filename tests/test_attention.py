@@ -138,6 +138,32 @@ def test_varlen(dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_varlen_never_reads_past_its_sequences(head_dim):
+    # NaN in the key rows no sequence covers, and inf in the first sequence's values: a sequence's
+    # last key block reaches past its end (into the next sequence's rows, or the uncovered tail),
+    # and its output must not see them (P is 0 there, but 0 · NaN is not).
+    lengths_q, lengths_k = [37, 100, 5], [50, 70, 3]
+    cu_q, cu_k = cu_seqlens(lengths_q), cu_seqlens(lengths_k)
+    q = randn(sum(lengths_q), 4, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(sum(lengths_k) + 60, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    k[sum(lengths_k):], v[sum(lengths_k):] = float("nan"), float("nan")
+    v[:50] = float("inf")  # only the first sequence reads these
+    for kwargs in ({}, {"causal": True}):
+        out, lse = flashext.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                                   return_lse=True, **kwargs)
+        later = slice(37, None)  # the second and third sequences: finite, and right
+        covered_k, covered_v = k[: sum(lengths_k)], v[: sum(lengths_k)]
+        want, want_lse = ref.attention_varlen(q, covered_k, covered_v, cu_q, cu_k, return_lse=True, **kwargs)
+        base, base_lse = ref.attention_varlen(q, covered_k, covered_v, cu_q, cu_k, return_lse=True,
+                                              compute_dtype=torch.bfloat16, **kwargs)
+        assert torch.isfinite(out[later]).all(), kwargs
+        assert_close(f"varlen past the sequences out {kwargs}", out[later], want[later], base[later])
+        assert_close(f"varlen past the sequences lse {kwargs}", lse[:, later], want_lse[:, later],
+                     base_lse[:, later].float())
+
+
+@requires_cuda
 def test_varlen_rows_no_sequence_covers_are_zero():
     # Rows past cu_seqlens_q[-1] (and every row of an empty batch) are not computed: 0, lse −inf.
     q = torch.randn(40, 4, 64, device="cuda", dtype=torch.bfloat16)

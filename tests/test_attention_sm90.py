@@ -1,7 +1,8 @@
 """The Hopper forward (csrc/kernels/attention/flash_fwd_sm90.cu) through its private op
 flashext::_flash_attn_fwd_sm90, against the reference by DESIGN.md's rule: D = 64, 128 and 256,
-dense, fp16 / bf16, every mask and option (flash_attention dispatches to it at D = 128, where the
-whole attention suite runs on it too).
+dense, fp16 / bf16, every mask and option (flash_attention and flash_attention_varlen dispatch to
+it at D = 128, where the whole attention suite runs on it too; the C++ test covers varlen at
+every D).
 The GPU tests run on an sm_90 GPU with a build holding sm_90a code and skip elsewhere with the
 reason; the shape and argument checks run on meta tensors everywhere."""
 

@@ -200,6 +200,25 @@ flashext::FlashFwdParams attention_params(const at::Tensor& q, const at::Tensor&
   return p;
 }
 
+// The forward of a dense or varlen call: on an sm_90 GPU with an sm_90a build, at D = 128 with
+// keys, the Hopper kernel (whose TMA maps take no zero strides, which broadcast views such as
+// expand() have); else the FA2-design kernel.
+cudaError_t run_forward(const flashext::FlashFwdParams& p, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& v) {
+  int major = 0, minor = 0;
+  device_capability(q.get_device(), &major, &minor);
+  const auto no_broadcast = [](const at::Tensor& t) {
+    for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+      if (t.size(d) > 1 && t.stride(d) == 0) return false;
+    }
+    return true;
+  };
+  const bool keys = p.seqlen_k > 0 && (p.cu_seqlens_q == nullptr || (p.total_q > 0 && p.total_k > 0));
+  const bool hopper = p.head_dim == 128 && keys && no_broadcast(q) && no_broadcast(k) && no_broadcast(v) &&
+                      flashext::flash_fwd_sm90_supported(major, minor);
+  return hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));
+}
+
 std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                                   bool causal, std::optional<double> softmax_scale, int64_t window_left,
                                                   int64_t window_right, double softcap, bool align_top_left,
@@ -215,20 +234,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const 
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, q.size(1), k.size(1), nullptr, nullptr,
                                                       align_top_left);
-  // D = 128 with keys on an sm_90 GPU (and an sm_90a build): the Hopper kernel (its TMA maps take
-  // no zero strides, which broadcast views such as expand() have); else the FA2 one.
-  int major = 0, minor = 0;
-  device_capability(q.get_device(), &major, &minor);
-  const auto no_broadcast = [](const at::Tensor& t) {
-    for (int64_t d = 0; d + 1 < t.dim(); ++d) {
-      if (t.size(d) > 1 && t.stride(d) == 0) return false;
-    }
-    return true;
-  };
-  const bool hopper = p.head_dim == 128 && p.seqlen_k > 0 && no_broadcast(q) && no_broadcast(k) && no_broadcast(v) &&
-                      flashext::flash_fwd_sm90_supported(major, minor);
-  check_launch(kFlash, hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q))
-                              : flashext::run_flash_fwd(p, current_stream(q)));
+  check_launch(kFlash, run_forward(p, q, k, v));
   return {out, lse};
 }
 
@@ -257,7 +263,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, max_seqlen_q, max_seqlen_k,
                                                       &cu_seqlens_q, &cu_seqlens_k);
-  check_launch(kFlashVarlen, flashext::run_flash_fwd(p, current_stream(q)));
+  check_launch(kFlashVarlen, run_forward(p, q, k, v));
   return {out, lse};
 }
 

@@ -381,6 +381,14 @@ TYPED_TEST(FlashFwdKernel, Sm90AgainstCpuReference) {
     run_case<TypeParam>(hopper({1, 200, 600, 2, 2, head_dim, false, 100, 50}));
     run_case<TypeParam>(hopper({1, 130, 140, 2, 2, head_dim, true, -1, -1, /*softcap=*/5.0f}));
   }
+  for (const int head_dim : {64, 128, 256}) {  // packed varlen: tiles that reach into the next sequence
+    Case varlen{0, 0, 0, 4, 2, head_dim, /*causal=*/true};
+    varlen.varlen_q = {0, 1, 7, 300, 129};
+    varlen.varlen_k = {3, 0, 7, 250, 400};
+    run_case<TypeParam>(hopper(varlen));
+    varlen.causal = false, varlen.window_left = 40, varlen.window_right = 3;
+    run_case<TypeParam>(hopper(varlen));
+  }
 }
 
 TYPED_TEST(FlashFwdKernel, BlockSparseAgainstCpuReference) {

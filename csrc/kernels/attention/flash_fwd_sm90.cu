@@ -2,8 +2,8 @@
 // docs/notes/attention.md ("Plan for the Hopper forward") without its overlaps yet
 // (flash_fwd_sm90.h says who calls, checks and times it).
 //
-// D = 64, 128 and 256, dense batch (no varlen), fp16 / bf16. A CTA per (query block of 128 rows,
-// head, batch): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1 and 2
+// D = 64, 128 and 256, dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
+// 128 rows, head, sequence): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1 and 2
 // consume 64 query rows each. Q and two stages of K and V live in shared memory as 64-column slabs
 // with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
 // S = Q Kᵀ (wgmma SS, m64nN with N the block's keys), the online softmax in registers, O += P V
@@ -16,6 +16,11 @@
 //   128   128 × 128           32 + 2 · (32 + 32) = 160 KiB         S 64, O 64, P 32
 //   256   128 × 64            64 + 2 · (32 + 32) = 192 KiB         S 32, O 128, P 16
 // FLOPs per key block and consumer warpgroup: 4 · 64 · N · D (S and P V), 4 MFLOP at D = 128.
+//
+// Varlen: the TMA maps span the packed rows (batch dim 1) and a sequence's tiles start at its
+// first row, so a tile's rows past the sequence belong to the next one (or are zero past the
+// tensor): masked as keys, never written as queries, and, in V, zeroed in shared memory before
+// P V reads them (P is 0 there, but 0 · inf or 0 · NaN from another sequence's rows is not).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -115,7 +120,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (p.heads / p.heads_kv);
-  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, m_start = m_block * kBlockM;
+  // This sequence's rows: a dense batch's, or packed varlen rows clamped into the tensors as
+  // run_flash_fwd clamps them (row_q / row_k: its first row; tma_batch: the maps' batch index).
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, tma_batch = batch;
+  int64_t row_q = 0, row_k = 0;
+  if (varlen) {
+    row_q = min(max(int64_t(p.cu_seqlens_q[batch]), int64_t(0)), p.total_q);
+    row_k = min(max(int64_t(p.cu_seqlens_k[batch]), int64_t(0)), p.total_k);
+    const int64_t end_q = min(max(int64_t(p.cu_seqlens_q[batch + 1]), row_q), p.total_q);
+    const int64_t end_k = min(max(int64_t(p.cu_seqlens_k[batch + 1]), row_k), p.total_k);
+    seqlen_q = int(min(end_q - row_q, int64_t(p.seqlen_q)));
+    seqlen_k = int(min(end_k - row_k, int64_t(p.seqlen_k)));
+    tma_batch = 0;
+  }
+  const int m_start = m_block * kBlockM;
+  if (m_start >= seqlen_q) return;  // the whole block past this sequence (before any barrier)
   const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;
   const int m_last = m_start + kBlockM - 1;
   int n_lo = 0, n_hi = seqlen_k;
@@ -140,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::mbarrier_arrive_expect_tx(q_full, kTileBytesQ);
       for (int slab = 0; slab < kSlabs; ++slab) {
         sm90::tma_load_4d(reinterpret_cast<unsigned char*>(smem_q) + slab * Config::kSlabBytesQ, &maps.q, q_full,
-                          64 * slab, head, m_start, batch);
+                          64 * slab, head, int(row_q) + m_start, tma_batch);
       }
       for (int it = 0; it < num_n_blocks; ++it) {
         const int stage = it % kStages, n_start = n_lo + it * kBlockN;
@@ -150,12 +170,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::mbarrier_arrive_expect_tx(&k_full[stage], kTileBytesKV);
         for (int slab = 0; slab < kSlabs; ++slab) {
           sm90::tma_load_4d(k_tile + slab * Config::kSlabBytesKV, &maps.k, &k_full[stage], 64 * slab, kv_head,
-                            n_start, batch);
+                            int(row_k) + n_start, tma_batch);
         }
         sm90::mbarrier_arrive_expect_tx(&v_full[stage], kTileBytesKV);
         for (int slab = 0; slab < kSlabs; ++slab) {
           sm90::tma_load_4d(v_tile + slab * Config::kSlabBytesKV, &maps.v, &v_full[stage], 64 * slab, kv_head,
-                            n_start, batch);
+                            int(row_k) + n_start, tma_batch);
         }
       }
     }
@@ -179,6 +199,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (num_n_blocks > 0) sm90::mbarrier_wait(q_full, 0);
   // Q's descriptors: slab s, this warpgroup's 64 rows (64 · 128 bytes in).
   const uint64_t desc_q0 = sm90::smem_descriptor(reinterpret_cast<unsigned char*>(smem_q) + 64 * 128 * c, 16, 1024);
+  // Zeroes rows [first, kBlockN) of a landed V tile (every slab; the swizzle moves 16-byte chunks
+  // only within a row's 128 bytes), all 256 consumer threads together, then orders the stores
+  // before either warpgroup's wgmma reads the tile (named barrier 3: both consumer warpgroups).
+  const auto zero_rows_past = [&](unsigned char* tile, int first) {
+    const int chunks = (kBlockN - first) * 8;  // 16-byte chunks per slab
+    for (int i = threadIdx.x - 128; i < chunks * kSlabs; i += 256) {
+      const int slab = i / chunks, chunk = i % chunks;
+      *reinterpret_cast<uint4*>(tile + slab * Config::kSlabBytesKV + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+    }
+    sm90::fence_proxy_async();
+    sm90::named_barrier_sync(3, 256);
+  };
   for (int it = 0; it < num_n_blocks; ++it) {
     const int stage = it % kStages, n_start = n_lo + it * kBlockN;
     const int phase = (it / kStages) & 1;
@@ -265,6 +297,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kBlockN / 8; ++i) sm90::fence_operands(p16[i]);
     sm90::mbarrier_wait(&v_full[stage], phase);
+    if (varlen && n_start + kBlockN > seqlen_k) {  // (uniform: the block's last key block, at most once)
+      zero_rows_past(const_cast<unsigned char*>(v_tile), seqlen_k - n_start);
+    }
     const uint64_t desc_v0 = sm90::smem_descriptor(v_tile, Config::kSlabBytesKV, 1024);
     sm90::wgmma_fence();
 #pragma unroll
@@ -280,7 +315,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse.
-  T* o = static_cast<T*>(p.o) + int64_t(batch) * p.o_batch_stride + int64_t(head) * p.o_head_stride;
+  const int64_t o_offset = varlen ? row_q * p.o_row_stride : int64_t(batch) * p.o_batch_stride;
+  const int64_t lse_offset = varlen ? row_q : int64_t(batch) * p.lse_batch_stride;
+  T* o = static_cast<T*>(p.o) + o_offset + int64_t(head) * p.o_head_stride;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float total = row_sum[r];
@@ -296,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv, acc_o[4 * i + 2 * r + 1] * inv);
     }
     if (p.lse != nullptr && quad == 0) {
-      p.lse[int64_t(batch) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + row] =
+      p.lse[lse_offset + int64_t(head) * p.lse_head_stride + row] =
           row_lse({row_max[r] * score_scale, total});
     }
   }
@@ -318,12 +355,16 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
     const uint32_t box[4] = {64, 1, box_rows, 1};
     return make_tma_4d_swizzle128(out, base, dims, strides, box);
   };
-  FX_RETURN_IF_ERROR(map(&maps.q, p.q, p.heads, p.seqlen_q, p.batch, p.q_row_stride, p.q_head_stride,
-                         p.q_batch_stride, Config::kBlockM));
-  FX_RETURN_IF_ERROR(map(&maps.k, p.k, p.heads_kv, p.seqlen_k, p.batch, p.k_row_stride, p.k_head_stride,
-                         p.k_batch_stride, Config::kBlockN));
-  FX_RETURN_IF_ERROR(map(&maps.v, p.v, p.heads_kv, p.seqlen_k, p.batch, p.v_row_stride, p.v_head_stride,
-                         p.v_batch_stride, Config::kBlockN));
+  // Varlen: one batch of all the packed rows.
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  const int64_t batch = varlen ? 1 : p.batch;
+  FX_RETURN_IF_ERROR(map(&maps.q, p.q, p.heads, rows_q, batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
+                         Config::kBlockM));
+  FX_RETURN_IF_ERROR(map(&maps.k, p.k, p.heads_kv, rows_k, batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
+                         Config::kBlockN));
+  FX_RETURN_IF_ERROR(map(&maps.v, p.v, p.heads_kv, rows_k, batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                         Config::kBlockN));
   auto kernel = flash_fwd_sm90_kernel<T, Config>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const dim3 grid(unsigned((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM), unsigned(p.heads),
@@ -342,8 +383,10 @@ bool flash_fwd_sm90_supported(int major, int minor) {
 
 cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using namespace attention_detail;
-  if ((p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) || p.cu_seqlens_q != nullptr || p.batch <= 0 ||
-      p.heads <= 0 || p.heads_kv <= 0 || p.heads % p.heads_kv != 0 || p.seqlen_q <= 0 || p.seqlen_k <= 0) {
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  if ((p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) || varlen != (p.cu_seqlens_k != nullptr) ||
+      p.block_mask != nullptr || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0 || p.heads % p.heads_kv != 0 ||
+      p.seqlen_q <= 0 || p.seqlen_k <= 0 || (varlen && (p.total_q <= 0 || p.total_k <= 0))) {
     return cudaErrorInvalidValue;
   }
   return with_16bit_type(p.dtype, cudaErrorInvalidValue, [&](auto type) {

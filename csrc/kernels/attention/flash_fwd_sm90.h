@@ -1,10 +1,11 @@
-// flashext Hopper FlashAttention forward (flash_fwd_sm90.cu): flash_attention's dense forward at
-// D = 128 on sm_90 (the torch glue dispatches; run_flash_fwd stays the FA2-design kernel);
+// flashext Hopper FlashAttention forward (flash_fwd_sm90.cu): flash_attention's and
+// flash_attention_varlen's forward at D = 128 on sm_90 (the torch glue dispatches; run_flash_fwd
+// stays the FA2-design kernel);
 // FlashFwdKernel.Sm90AgainstCpuReference (tests/cpp/test_attention.cpp) and
 // tests/test_attention_sm90.py (through the private op flashext::_flash_attn_fwd_sm90) check it
 // against the references at every head dim it takes, and bench_attention times it as flashext_sm90.
-// D = 64, 128 and 256, dense batch, fp16 / bf16, seqlen_k > 0; every other FlashFwdParams option as
-// run_flash_fwd.
+// D = 64, 128 and 256, dense or varlen, fp16 / bf16, seqlen_k > 0 (varlen: total_q, total_k > 0), no
+// block mask; every other FlashFwdParams option as run_flash_fwd.
 #pragma once
 
 #include <cuda_runtime_api.h>
