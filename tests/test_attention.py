@@ -142,7 +142,9 @@ def test_varlen(dtype):
 def test_varlen_never_reads_past_its_sequences(head_dim):
     # NaN in the key rows no sequence covers, and inf in the first sequence's values: a sequence's
     # last key block reaches past its end (into the next sequence's rows, or the uncovered tail),
-    # and its output must not see them (P is 0 there, but 0 · NaN is not).
+    # and its output must not see them (P is 0 there, but 0 · NaN is not). On Hopper D = 128 runs
+    # the Hopper kernel and D = 64, 256 the FA2-design one (the C++ test covers Hopper varlen at
+    # every D).
     lengths_q, lengths_k = [37, 100, 5], [50, 70, 3]
     cu_q, cu_k = cu_seqlens(lengths_q), cu_seqlens(lengths_k)
     q = randn(sum(lengths_q), 4, head_dim, dtype=torch.bfloat16)
@@ -161,6 +163,17 @@ def test_varlen_never_reads_past_its_sequences(head_dim):
         assert_close(f"varlen past the sequences out {kwargs}", out[later], want[later], base[later])
         assert_close(f"varlen past the sequences lse {kwargs}", lse[:, later], want_lse[:, later],
                      base_lse[:, later].float())
+
+
+@requires_cuda
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_varlen_with_no_query_rows_is_a_no_op(head_dim):
+    # max_seqlen_q = 0 (every sequence empty, the rows uncovered): zeros and lse −inf, on either kernel
+    q = randn(5, 4, head_dim, dtype=torch.bfloat16)
+    k = randn(30, 2, head_dim, dtype=torch.bfloat16)
+    out, lse = flashext.flash_attention_varlen(q, k, k, cu_seqlens([0, 0]), cu_seqlens([10, 20]), 0, 20,
+                                               return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
 
 
 @requires_cuda

@@ -290,6 +290,12 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, c
   FX_CHECK(flashext::flash_fwd_sm90_supported(major, minor), kSm90, ": needs an sm_90 GPU and a build with sm_90a ",
            "code; this is compute capability ", major, ".", minor, " and the build holds '",
            flashext::compiled_cuda_archs(), "'");
+  for (const auto* t : {&q_in, &k_in, &v_in}) {
+    for (int64_t d = 0; d + 1 < t->dim(); ++d) {
+      FX_CHECK(t->size(d) <= 1 || t->stride(d) != 0, kSm90, ": broadcast (zero-stride) views are not supported ",
+               "(flash_attention takes them)");
+    }
+  }
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, q.size(1), k.size(1));

@@ -385,10 +385,12 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using namespace attention_detail;
   const bool varlen = p.cu_seqlens_q != nullptr;
   if ((p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) || varlen != (p.cu_seqlens_k != nullptr) ||
-      p.block_mask != nullptr || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0 || p.heads % p.heads_kv != 0 ||
-      p.seqlen_q <= 0 || p.seqlen_k <= 0 || (varlen && (p.total_q <= 0 || p.total_k <= 0))) {
+      p.block_mask != nullptr || p.batch < 0 || p.heads <= 0 || p.heads_kv <= 0 || p.heads % p.heads_kv != 0 ||
+      p.seqlen_q < 0) {
     return cudaErrorInvalidValue;
   }
+  if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;  // no query rows (as run_flash_fwd)
+  if (p.seqlen_k <= 0 || (varlen && (p.total_q <= 0 || p.total_k <= 0))) return cudaErrorInvalidValue;
   return with_16bit_type(p.dtype, cudaErrorInvalidValue, [&](auto type) {
     using T = typename decltype(type)::type;
     switch (p.head_dim) {

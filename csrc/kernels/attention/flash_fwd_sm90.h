@@ -5,7 +5,7 @@
 // tests/test_attention_sm90.py (through the private op flashext::_flash_attn_fwd_sm90) check it
 // against the references at every head dim it takes, and bench_attention times it as flashext_sm90.
 // D = 64, 128 and 256, dense or varlen, fp16 / bf16, seqlen_k > 0 (varlen: total_q, total_k > 0), no
-// block mask; every other FlashFwdParams option as run_flash_fwd.
+// block mask, no zero strides (TMA maps); every other FlashFwdParams option as run_flash_fwd.
 #pragma once
 
 #include <cuda_runtime_api.h>
