@@ -215,42 +215,52 @@ FX_DEVICE BwdSequence bwd_sequence(const FlashBwdParams& p, int batch) {
   return s;
 }
 
+// Lanes per (row, head) pair in flash_bwd_preprocess: a lane per 8 elements of the row, rounded up
+// to a power of two, so 32 / that many pairs share a warp (4 at D = 64, 2 at 128, 1 at 256).
+FX_HOST_DEVICE int bwd_preprocess_lanes(int head_dim) {
+  int lanes = 1;
+  while (lanes * 8 < head_dim) lanes *= 2;
+  return lanes;
+}
+
 // D = rowsum(dO ∘ O) (− dlse when given) and lse · log2 e (+inf where lse = −inf) for every
-// (row, head): one warp per pair, a lane per 8 elements of the row. Also zeroes dq_accum (16 bytes
-// per thread and stride).
+// (row, head): bwd_preprocess_lanes lanes per pair, a lane per 8 elements of the row, several
+// pairs per warp (whose loads and the lse's are all in flight together). Also zeroes dq_accum (16
+// bytes per thread and stride).
 template <typename T>
 __global__ void __launch_bounds__(256) flash_bwd_preprocess(const FlashBwdParams p, const BwdWorkspace w) {
   const int64_t threads = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < w.dq_accum_floats / 4; i += threads) {
     reinterpret_cast<float4*>(w.dq_accum)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  const int lane = threadIdx.x % 32;
-  const int64_t pair = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lanes = bwd_preprocess_lanes(p.head_dim), lane = threadIdx.x % 32, sub = lane % lanes;
+  const int64_t pair = (int64_t(blockIdx.x) * 8 + threadIdx.x / 32) * (32 / lanes) + lane / lanes;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t rows = varlen ? p.total_q : int64_t(p.batch) * p.seqlen_q;
-  if (pair >= rows * p.heads) return;
+  const bool valid = pair < rows * p.heads;  // (no early return: every lane joins the shuffles)
   const int head = int(pair % p.heads);
   const int64_t row_all = pair / p.heads;  // dense: b · Sq + row
   const int64_t batch = varlen ? 0 : row_all / p.seqlen_q;
   const int64_t row = varlen ? row_all : row_all % p.seqlen_q;
-  const T* o = static_cast<const T*>(p.o) + batch * p.o_batch_stride + row * p.o_row_stride + head * p.o_head_stride;
-  const T* d_o =
-      static_cast<const T*>(p.dout) + batch * p.do_batch_stride + row * p.do_row_stride + head * p.do_head_stride;
-  float sum = 0.0f;
-  for (int c = lane; c * 8 < p.head_dim; c += 32) {
-    const uint4 ov = *reinterpret_cast<const uint4*>(o + c * 8);
-    const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c * 8);
-    const T* oe = reinterpret_cast<const T*>(&ov);
-    const T* de = reinterpret_cast<const T*>(&dv);
+  const int64_t at = batch * p.lse_batch_stride + head * p.lse_head_stride + row;
+  float sum = 0.0f, lse = 0.0f;
+  if (valid) {
+    if (sub == 0) lse = p.lse[at];
+    const T* o = static_cast<const T*>(p.o) + batch * p.o_batch_stride + row * p.o_row_stride + head * p.o_head_stride;
+    const T* d_o =
+        static_cast<const T*>(p.dout) + batch * p.do_batch_stride + row * p.do_row_stride + head * p.do_head_stride;
+    for (int c = sub; c * 8 < p.head_dim; c += lanes) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c * 8);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c * 8);
+      const T* oe = reinterpret_cast<const T*>(&ov);
+      const T* de = reinterpret_cast<const T*>(&dv);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
+      for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
+    }
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) {
+  for (int offset = lanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (valid && sub == 0) {
     const int64_t stat = batch * w.stats_batch_stride + head * w.stats_head_stride + row;
-    const int64_t at = batch * p.lse_batch_stride + head * p.lse_head_stride + row;
-    const float lse = p.lse[at];
     // A used lse adds dlse · P to dS = P ∘ (dP − D): the same as D − dlse in place of D.
     w.dsum[stat] = p.dlse != nullptr ? sum - p.dlse[at] : sum;
     w.lse2[stat] = lse == -INFINITY ? INFINITY : lse * kLog2e;
@@ -758,7 +768,8 @@ cudaError_t launch_flash_bwd(const FlashBwdParams& p, void* workspace, cudaStrea
   if (p.deterministic) {
     FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count(p)) * 4, stream));
   }
-  flash_bwd_preprocess<T><<<unsigned((pairs + 7) / 8), 256, 0, stream>>>(p, w);
+  const int64_t pairs_per_block = 8 * (32 / bwd_preprocess_lanes(p.head_dim));
+  flash_bwd_preprocess<T><<<unsigned((pairs + pairs_per_block - 1) / pairs_per_block), 256, 0, stream>>>(p, w);
   FX_RETURN_IF_ERROR(cudaGetLastError());
   if (smem != Full::kSmemBytes) return launch_flash_bwd_config<T, Compact>(p, w, stream);
   return launch_flash_bwd_config<T, Full>(p, w, stream);
