@@ -8,7 +8,8 @@ decode  one query token, GQA 32 query / 8 KV heads, D = 128, fp16 and bf16, batc
         chosen by the op; flashext_split1: one split, to judge that choice), SDPA's cuDNN and flash
         backends and the naive math path (each on (B, H, 1, D) queries and (B, Hkv, S, D) caches
         with enable_gqa), and a read-only anchor: one pass that reads the same K and V bytes (a
-        sum), the ceiling for this traffic.
+        sum), the ceiling for this traffic. FLASHEXT_BENCH_DECODE_SPLITS="33,64" adds a column
+        flashext_split<N> per split count (the heuristic's alternatives, for the notes).
 paged   flashext on the same caches as shuffled pages of 1, 16, 64 and 256 tokens against its
         dense cache, same shapes.
 Every implementation is first checked against flashext.reference.attention_with_kvcache on the
@@ -18,6 +19,7 @@ $OUT (or benchmarks/results).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -94,6 +96,9 @@ def section(rows, quick: bool, paged: bool):
                 # the split heuristic against no split (num_splits=1) on the same call
                 fns["flashext_split1"] = lambda: flashext.flash_attention_with_kvcache(q, k_cache, v_cache, lens,
                                                                                        num_splits=1)
+                for n in (int(x) for x in os.environ.get("FLASHEXT_BENCH_DECODE_SPLITS", "").split(",") if x.strip()):
+                    fns[f"flashext_split{n}"] = lambda n=n: flashext.flash_attention_with_kvcache(q, k_cache, v_cache,
+                                                                                                  lens, num_splits=n)
                 qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
                 for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
                                       ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
