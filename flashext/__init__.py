@@ -14,7 +14,8 @@ __version__ = "0.1.0"
 
 from ._build import build_info
 from .attention import (block_sparse_attention, flash_attention, flash_attention_varlen,
-                        flash_attention_with_kvcache, merge_attention_states, scaled_dot_product_attention)
+                        flash_attention_with_kvcache, merge_attention_states, scaled_dot_product_attention,
+                        use_hopper_kernels)
 from .softmax import online_softmax
 from .gelu import bias_gelu, fused_add_gelu
 from .integrations import sdpa as _sdpa
@@ -33,4 +34,5 @@ __all__ = [
     "merge_attention_states",
     "block_sparse_attention",
     "online_softmax",
+    "use_hopper_kernels",
 ]

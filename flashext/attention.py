@@ -26,6 +26,19 @@ def _deterministic(deterministic: bool) -> bool:
     return deterministic or torch.are_deterministic_algorithms_enabled()
 
 
+def use_hopper_kernels(enabled: bool = True) -> bool:
+    """Allow (the default) or forbid the Hopper (sm_90a) attention kernels where they apply (on an
+    H100/H200 with a build holding sm_90a code: today the forward at head dim 128). Forbidden,
+    every call runs the portable FA2-design kernels, as on other GPUs: to compare the two, or as a
+    fallback. Process-wide and read as each call runs (under torch.compile too; a captured CUDA
+    graph keeps the kernels of its capture). Returns the previous setting. The environment
+    variable FLASHEXT_HOPPER=0 starts with them forbidden."""
+    from . import _build
+
+    _build.require_extension()
+    return bool(_build._C.set_hopper_kernels(bool(enabled)))
+
+
 def _hopper_forward_available() -> bool:
     """Whether _flash_attention_sm90 runs here: an sm_90 GPU and a build holding sm_90a code."""
     if not extension_loaded() or not torch.cuda.is_available():

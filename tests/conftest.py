@@ -14,3 +14,26 @@ if not torch.cuda.is_available():
 def _seed(request):
     # A fresh, reproducible seed per test: different data for every test, same data on rerun.
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _attention_kernel_paths() -> list[str]:
+    from flashext import attention
+
+    return ["hopper", "portable"] if attention._hopper_forward_available() else ["default"]
+
+
+@pytest.fixture(params=_attention_kernel_paths())
+def kernel_path(request):
+    """Runs a test on every attention kernel path this machine has: on an H100/H200 (with sm_90a
+    code) the Hopper kernels and the portable ones (flashext.use_hopper_kernels(False)), the same
+    tests against both; elsewhere the one path there is."""
+    if request.param == "default":
+        yield request.param
+        return
+    import flashext
+
+    previous = flashext.use_hopper_kernels(request.param == "hopper")
+    try:
+        yield request.param
+    finally:
+        flashext.use_hopper_kernels(previous)

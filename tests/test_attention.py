@@ -15,6 +15,7 @@ from tests.helpers import cu_seqlens, make_qkv, randn, requires_cuda
 
 SEQLENS = [(1, 1), (1, 300), (113, 203), (128, 217), (255, 1), (512, 256), (1023, 1024), (2048, 2048)]
 make, check = make_qkv, check_attention
+pytestmark = pytest.mark.usefixtures("kernel_path")  # on Hopper: each test on both kernel paths
 
 
 # ---- correctness on the GPU ---------------------------------------------------------------------
@@ -424,6 +425,16 @@ def test_sdpa_unsupported_arguments_are_refused():
         flashext.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
     with pytest.raises(RuntimeError, match="enable_gqa=True"):
         flashext.scaled_dot_product_attention(q, q[:, :1], q[:, :1])
+
+
+def test_use_hopper_kernels_round_trips():
+    # the switch itself (no GPU needed): returns the previous setting, and restoring it restores it
+    before = flashext.use_hopper_kernels(False)
+    try:
+        assert flashext.use_hopper_kernels(True) is False
+        assert flashext.use_hopper_kernels(True) is True
+    finally:
+        flashext.use_hopper_kernels(before)
 
 
 def test_output_shapes_on_meta():

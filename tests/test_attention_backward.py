@@ -18,7 +18,8 @@ from flashext.testing import GRADIENT_FACTOR, assert_close, poison_cache
 
 from .helpers import HALF_DTYPES, HALF_IDS, cu_seqlens, make_qkv, randn, requires_cuda
 
-pytestmark = requires_cuda
+# on Hopper each test runs on both forward paths (the backward reads the lse of either)
+pytestmark = [requires_cuda, pytest.mark.usefixtures("kernel_path")]
 
 
 def grads(fn, q, k, v, dout, dlse=None):

@@ -202,7 +202,7 @@ flashext::FlashFwdParams attention_params(const at::Tensor& q, const at::Tensor&
 
 // The forward of a dense or varlen call: on an sm_90 GPU with an sm_90a build, at D = 128 with
 // keys, the Hopper kernel (whose TMA maps take no zero strides, which broadcast views such as
-// expand() have); else the FA2-design kernel.
+// expand() have), unless flashext::hopper_kernels_enabled() says no; else the FA2-design kernel.
 cudaError_t run_forward(const flashext::FlashFwdParams& p, const at::Tensor& q, const at::Tensor& k,
                         const at::Tensor& v) {
   int major = 0, minor = 0;
@@ -215,7 +215,7 @@ cudaError_t run_forward(const flashext::FlashFwdParams& p, const at::Tensor& q, 
   };
   const bool keys = p.seqlen_k > 0 && (p.cu_seqlens_q == nullptr || (p.total_q > 0 && p.total_k > 0));
   const bool hopper = p.head_dim == 128 && keys && no_broadcast(q) && no_broadcast(k) && no_broadcast(v) &&
-                      flashext::flash_fwd_sm90_supported(major, minor);
+                      flashext::hopper_kernels_enabled() && flashext::flash_fwd_sm90_supported(major, minor);
   return hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));
 }
 

@@ -1,5 +1,6 @@
-// flashext._C: the Python module that loads the ops into torch.ops.flashext. It holds no
-// functions (the ops are reached through the dispatcher), only what the build contains.
+// flashext._C: the Python module that loads the ops into torch.ops.flashext. It holds no ops
+// (they are reached through the dispatcher), only what the build contains and the switch that
+// allows the Hopper kernels.
 #include <Python.h>
 #include <cuda_runtime_api.h>
 
@@ -24,12 +25,25 @@ PyObject* bwd_smem_bytes(PyObject*, PyObject* args) {
   return PyLong_FromLong(flashext::flash_bwd_smem_bytes(head_dim, budget));
 }
 
+// _C.set_hopper_kernels(enabled) -> bool: allow or forbid the Hopper kernels (flashext/common.h);
+// returns the previous setting. _C.hopper_kernels() -> bool: the setting.
+PyObject* set_hopper_kernels(PyObject*, PyObject* args) {
+  int enabled = 1;
+  if (!PyArg_ParseTuple(args, "p", &enabled)) return nullptr;
+  return PyBool_FromLong(flashext::set_hopper_kernels_enabled(enabled != 0));
+}
+
+PyObject* hopper_kernels(PyObject*, PyObject*) { return PyBool_FromLong(flashext::hopper_kernels_enabled()); }
+
 PyMethodDef flashext_methods[] = {
     {"arch_supported", arch_supported, METH_VARARGS,
      "arch_supported(major, minor) -> bool: whether this build holds kernels for that device"},
     {"bwd_smem_bytes", bwd_smem_bytes, METH_VARARGS,
      "bwd_smem_bytes(head_dim, max_smem_per_block) -> int: shared memory the attention backward needs "
      "there (0: no tiles fit)"},
+    {"set_hopper_kernels", set_hopper_kernels, METH_VARARGS,
+     "set_hopper_kernels(enabled) -> bool: allow or forbid the Hopper kernels; the previous setting"},
+    {"hopper_kernels", hopper_kernels, METH_NOARGS, "hopper_kernels() -> bool: whether the Hopper kernels may run"},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -1,6 +1,25 @@
 #include "device.h"
 
+#include <cstdlib>
+#include <cstring>
+
+#include "flashext/common.h"
+
 namespace flashext {
+
+namespace {
+std::atomic<bool>& hopper_kernels_flag() {
+  static std::atomic<bool> enabled{[] {
+    const char* value = std::getenv("FLASHEXT_HOPPER");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }()};
+  return enabled;
+}
+}  // namespace
+
+bool hopper_kernels_enabled() { return hopper_kernels_flag().load(std::memory_order_relaxed); }
+
+bool set_hopper_kernels_enabled(bool enabled) { return hopper_kernels_flag().exchange(enabled); }
 
 int current_device_sm_count() {
   static PerDeviceValue sm_count;
