@@ -251,7 +251,7 @@ for step in "${steps[@]}"; do
     bench_attention) run_step bench_attention $PY benchmarks/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
     bench_decode) run_step bench_decode $PY benchmarks/bench_decode.py ${BENCH_DECODE_ARGS:-} ;;
     bench_models) run_step bench_models $PY benchmarks/bench_models.py ${BENCH_MODELS_ARGS:-} ;;
-    serve_gpt) run_step "serve_gpt (batch 1 and 32)" bash -c "$PY -m flashext.examples.serve_gpt --batch 1 && $PY -m flashext.examples.serve_gpt --batch 32" ;;
+    serve_gpt) run_step "serve_gpt (batch 1 and 32)" bash -c "$PY -m flashext.examples.serve_gpt --batch 1 --out $OUT && $PY -m flashext.examples.serve_gpt --batch 32 --out $OUT" ;;
     hf_llama) run_step "examples/hf_llama.py" $PY examples/hf_llama.py ;;
     train_gpt) run_step "train_gpt (eager, compiled) x ${TRAIN_GPT_RUNS:-1}" train_gpt ;;
     profile_train) run_step "profile_train (eager, compiled)" bash -c "$PY benchmarks/profile_train_gpt.py && $PY benchmarks/profile_train_gpt.py --compile" ;;

@@ -23,8 +23,6 @@ import argparse
 import copy
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import flashext
+from flashext.examples import git_commit
 
 VOCAB, WIDTH, HEADS, LAYERS, SEQLEN = 512, 512, 8, 4, 1024
 PERIOD = 256  # each sequence repeats its first PERIOD tokens
@@ -145,17 +144,6 @@ def train(variant: str, start: dict, data: torch.Tensor, compile_model: bool, wa
     elapsed = time.perf_counter() - start_time
     tokens_per_s = (steps - warmup) * data.shape[1] * SEQLEN / elapsed
     return {"losses": torch.stack(losses).tolist(), "tokens_per_s": tokens_per_s}
-
-
-def git_commit() -> str:
-    """The commit these figures belong to: $FLASHEXT_GIT_COMMIT, else the source tree's HEAD."""
-    if os.environ.get("FLASHEXT_GIT_COMMIT"):
-        return os.environ["FLASHEXT_GIT_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def smooth(values: list[float], window: int = 10) -> list[float]:
