@@ -2,8 +2,9 @@
 // 128-byte-swizzled tiles completing on an mbarrier, then one warpgroup's wgmma
 //   S = Q Kᵀ   (both operands K-major in shared memory: the attention forward's first GEMM)
 //   O = P V    (P from registers in the m16n8k16 A layout, V MN-major as stored: its second)
-// on 64 × 64 × 64 bf16 and fp16 tiles. Skipped unless the GPU is sm_90 and this build holds sm_90a
-// code (a compute_80-only build has none).
+// on 64 × 64 × 64 bf16 and fp16 tiles; and the bulk fp32 reduce-add from shared into global memory
+// (the Hopper backward's dQ accumulation) from many blocks into one buffer. Skipped unless the GPU
+// is sm_90 and this build holds sm_90a code (a compute_80-only build has none).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
@@ -237,6 +238,41 @@ TYPED_TEST(Sm90Primitives, WgmmaN128PVAcrossTwoSlabs) {
   check_tile_product<T>(93, false, "o", [](const DeviceBuffer& p, const DeviceBuffer& v, const DeviceBuffer& o) {
     pv_kernel<T, kWide><<<1, 128>>>(p.at<T>(), matrix_map<T>(v, kTile, kWide, kTile), o.at<float>());
   }, kWide);
+}
+
+// Every block adds its own values, (block + 1) · (i % 7 + 1) at element i, into the same `sum`
+// by one bulk reduce-add per 1 KiB chunk (small integers: exact in fp32 in any order).
+__global__ void bulk_reduce_kernel(float* sum, int elements) {
+  extern __shared__ __align__(128) float values[];
+  for (int i = threadIdx.x; i < elements; i += blockDim.x) values[i] = float((blockIdx.x + 1) * (i % 7 + 1));
+  flashext::sm90::fence_proxy_async();  // the generic stores before the bulk engine reads them
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    constexpr int kChunk = 256;  // floats
+    for (int i = 0; i < elements; i += kChunk) {
+      flashext::sm90::bulk_reduce_add_f32(sum + i, values + i, uint32_t(sizeof(float) * min(kChunk, elements - i)));
+    }
+    flashext::sm90::bulk_commit_group();
+    flashext::sm90::bulk_wait_group_read<0>();  // (the block may exit once its sources are read)
+    flashext::sm90::bulk_wait_group<0>();
+  }
+}
+
+TEST(Sm90Primitives, BulkReduceAddFromManyBlocks) {
+  FX_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
+  constexpr int kElements = 4096 + 4 * 37, kBlocks = 96;  // the last chunk partial (a multiple of 4)
+  std::vector<float> start(kElements);
+  for (int i = 0; i < kElements; ++i) start[i] = float(i % 5);
+  DeviceBuffer sum(sizeof(float) * kElements);
+  flashext_test::upload(sum.get(), start);
+  bulk_reduce_kernel<<<kBlocks, 256, sizeof(float) * kElements>>>(sum.at<float>(), kElements);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = flashext_test::download<float>(sum.get(), kElements);
+  for (int i = 0; i < kElements; ++i) {
+    const float want = start[i] + float(kBlocks * (kBlocks + 1) / 2 * (i % 7 + 1));
+    ASSERT_EQ(got[i], want) << "element " << i;
+  }
 }
 
 }  // namespace

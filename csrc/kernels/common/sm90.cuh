@@ -118,6 +118,53 @@ FX_DEVICE void fence_proxy_async() {
 #endif
 }
 
+// ---- bulk reductions from shared memory (§9.7.9.24 cp.reduce.async.bulk, bulk async-groups) ----
+// Adds `bytes` of fp32 (a multiple of 16; both addresses 16-byte aligned) from shared memory into
+// global memory, element by element and atomically per element, by the bulk copy engine; the
+// shared-memory writes it reads must be ordered before it by fence_proxy_async. Completes with the
+// bulk async-group committed after it (the Hopper backward's dQ accumulation).
+FX_DEVICE void bulk_reduce_add_f32(float* global_dst, const float* smem_src, uint32_t bytes) {
+#if FX_SM90_ENABLED
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global_dst),
+               "r"(smem_addr(smem_src)), "r"(bytes)
+               : "memory");
+#else
+  (void)global_dst, (void)smem_src, (void)bytes;
+  __trap();
+#endif
+}
+
+// Closes this thread's bulk operations issued since the last commit into one bulk async-group.
+FX_DEVICE void bulk_commit_group() {
+#if FX_SM90_ENABLED
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Waits until at most kPending of this thread's bulk async-groups have not finished reading their
+// shared-memory sources (the buffers may then be rewritten; the global writes may still be in
+// flight) ...
+template <int kPending>
+FX_DEVICE void bulk_wait_group_read() {
+#if FX_SM90_ENABLED
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// ... or have not completed (their writes visible to this thread).
+template <int kPending>
+FX_DEVICE void bulk_wait_group() {
+#if FX_SM90_ENABLED
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+#else
+  __trap();
+#endif
+}
+
 // ---- register reallocation (§9.7.17.2 setmaxnreg; every warp of the warpgroup executes it) ----
 template <int kRegisters>
 FX_DEVICE void setmaxnreg_inc() {
