@@ -125,6 +125,8 @@ def _summary(info: dict) -> str:
     if info["device"] is None:
         return build + "\ndevice: no CUDA device is visible"
     fit = "this build runs on it" if info["device_supported"] else "this build has no kernels for it"
+    if info["hopper_kernels"]:
+        fit += ", with its Hopper (sm_90a) kernels"
     return build + f"\ndevice: {info['device']}, compute capability {info['device_capability']}: {fit}"
 
 

@@ -69,12 +69,14 @@ def build_info() -> dict:
 
     cuda_archs lists the compiled targets as nvcc names them: "sm_90a" is machine code for exactly
     compute capability 9.0, "sm_80" for 8.x, "compute_80" PTX that the driver JIT-compiles on any
-    GPU >= 8.0 (ptx says whether there is any). The same keys everywhere: what the build or the
-    machine cannot say is None, empty or False."""
+    GPU >= 8.0 (ptx says whether there is any). hopper_kernels: whether the Hopper (sm_90a)
+    kernels serve this device now (an sm_90 GPU, sm_90a code, flashext.use_hopper_kernels not
+    turned off). The same keys everywhere: what the build or the machine cannot say is None, empty
+    or False."""
     info: dict = {"version": __import__("flashext").__version__, "built": _C is not None,
                   "import_error": _IMPORT_ERROR, "torch": torch.__version__,
                   "cuda_archs": [], "ptx": False, "cuda_runtime": None, "kernels": [],
-                  "device": None, "device_capability": None, "device_supported": False}
+                  "device": None, "device_capability": None, "device_supported": False, "hopper_kernels": False}
     if _C is not None:
         archs = [a for a in _C.cuda_archs.split(";") if a]
         cuda = _C.cuda_runtime_version
@@ -86,4 +88,6 @@ def build_info() -> dict:
         info["device"] = torch.cuda.get_device_name()
         info["device_capability"] = f"{major}.{minor}"
         info["device_supported"] = _C is not None and bool(_C.arch_supported(major, minor))
+        info["hopper_kernels"] = ((major, minor) == (9, 0) and any("90a" in a for a in info["cuda_archs"])
+                                  and bool(_C.hopper_kernels()))
     return info

@@ -18,7 +18,7 @@ import flashext
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"version", "built", "import_error", "torch", "cuda_archs", "ptx", "cuda_runtime", "kernels",
-        "device", "device_capability", "device_supported"}
+        "device", "device_capability", "device_supported", "hopper_kernels"}
 
 
 def test_build_info_has_the_same_keys_everywhere():
@@ -146,10 +146,12 @@ def test_main_summary_reads_like_a_sentence():
     from flashext import __main__ as cli
 
     info = dict(flashext.build_info(), built=True, import_error=None, cuda_archs=["sm_90a", "compute_80"],
-                ptx=True, cuda_runtime="13.0", device="NVIDIA H200", device_capability="9.0", device_supported=True)
+                ptx=True, cuda_runtime="13.0", device="NVIDIA H200", device_capability="9.0", device_supported=True,
+                hopper_kernels=False)
     text = cli._summary(info)
     assert "built for sm_90a, compute_80 (with PTX), CUDA 13.0" in text
     assert "NVIDIA H200, compute capability 9.0: this build runs on it" in text
+    assert "Hopper" in cli._summary(dict(info, hopper_kernels=True)) and "Hopper" not in text
     unbuilt = dict(info, built=False, import_error="The CUDA extension flashext._C is missing", device=None)
     assert "(torch " in cli._summary(unbuilt)
     assert "): The CUDA extension flashext._C is missing" in cli._summary(unbuilt)
