@@ -3,8 +3,9 @@
 //   S = Q Kᵀ   (both operands K-major in shared memory: the attention forward's first GEMM)
 //   O = P V    (P from registers in the m16n8k16 A layout, V MN-major as stored: its second)
 // on 64 × 64 × 64 bf16 and fp16 tiles; and the bulk fp32 reduce-add from shared into global memory
-// (the Hopper backward's dQ accumulation) from many blocks into one buffer. Skipped unless the GPU
-// is sm_90 and this build holds sm_90a code (a compute_80-only build has none).
+// (the Hopper backward's dQ accumulation) from many blocks into one buffer; and stmatrix's
+// transposed store of a 16 × 16 fragment tile. Skipped unless the GPU is sm_90 and this build
+// holds sm_90a code (a compute_80-only build has none).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
@@ -256,6 +257,36 @@ __global__ void bulk_reduce_kernel(float* sum, int elements) {
     flashext::sm90::bulk_wait_group_read<0>();  // (the block may exit once its sources are read)
     flashext::sm90::bulk_wait_group<0>();
   }
+}
+
+// One warp holds a 16 × 16 tile m in the m16n8k16 A-fragment layout (registers: rows 0-7 × columns
+// 0-7, rows 8-15 × 0-7, rows 0-7 × 8-15, rows 8-15 × 8-15) and stores mᵀ with one stmatrix.
+template <typename T>
+__global__ void stmatrix_kernel(const T* m, T* out) {
+  __shared__ __align__(16) T tile[16][16];
+  const int lane = threadIdx.x, g = lane / 4, q = lane % 4;
+  const auto pair = [&](int row, int col) { return *reinterpret_cast<const uint32_t*>(m + row * 16 + col); };
+  const uint32_t r0 = pair(g, 2 * q), r1 = pair(g + 8, 2 * q), r2 = pair(g, 2 * q + 8), r3 = pair(g + 8, 2 * q + 8);
+  // matrix i (row block i % 2, column block i / 2) lands transposed at rows 8 (i / 2) + j, columns 8 (i % 2)
+  const int i = lane / 8, j = lane % 8;
+  flashext::sm90::stmatrix_x4_trans(&tile[8 * (i / 2) + j][8 * (i % 2)], r0, r1, r2, r3);
+  __syncwarp();
+  for (int e = lane; e < 256; e += 32) out[e] = tile[e / 16][e % 16];
+}
+
+TYPED_TEST(Sm90Primitives, StmatrixStoresTheTranspose) {
+  FX_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
+  using T = TypeParam;
+  std::vector<T> m(256);
+  for (int e = 0; e < 256; ++e) m[e] = flashext_test::from_float<T>(float(e));  // exact in 16 bits
+  DeviceBuffer dm(sizeof(T) * 256), dout(sizeof(T) * 256);
+  flashext_test::upload(dm.get(), m);
+  stmatrix_kernel<T><<<1, 32>>>(dm.at<T>(), dout.at<T>());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto out = flashext_test::download<T>(dout.get(), 256);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) ASSERT_EQ(to_float(out[r * 16 + c]), float(c * 16 + r)) << r << ", " << c;
 }
 
 TEST(Sm90Primitives, BulkReduceAddFromManyBlocks) {

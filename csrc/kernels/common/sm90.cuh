@@ -165,6 +165,22 @@ FX_DEVICE void bulk_wait_group() {
 #endif
 }
 
+// ---- stmatrix (§9.7.14.5.16; warp-collective) ------------------------------------------------
+// Stores four 8 × 8 16-bit matrices from registers to shared memory, each transposed: register i
+// holds this thread's pair of matrix i in the mma fragment layout (row lane / 4, columns
+// 2 (lane % 4) + {0, 1}); lane 8 i + j passes the shared address of the 16-byte row j of matrix
+// i's destination, which receives column j of matrix i. (The Hopper backward's dSᵀ.)
+FX_DEVICE void stmatrix_x4_trans(void* row, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#if FX_SM90_ENABLED
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(row)),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+#else
+  (void)row, (void)r0, (void)r1, (void)r2, (void)r3;
+  __trap();
+#endif
+}
+
 // ---- register reallocation (§9.7.17.2 setmaxnreg; every warp of the warpgroup executes it) ----
 template <int kRegisters>
 FX_DEVICE void setmaxnreg_inc() {
