@@ -246,7 +246,7 @@ def _paged(k_cache, v_cache, page_size, generator):
 def test_flash_attn_kvcache(new_kv, paged_kv_block_size, mha_type, dtype):
     """flash-attn's test_flash_attn_kvcache (without rotary and cache_batch_idx, which flashext
     refuses): dense and paged caches, new tokens appended in place, seqlen_q 1 (decode) and more,
-    cache_seqlens as a tensor, an int and None; out and lse (return_softmax_lse)."""
+    num_splits; out and lse (return_softmax_lse). (cache_seqlens as an int and None: the next test.)"""
     generator = torch.Generator().manual_seed(1)
     cases = [(1, 128, 64, {}), (1, 339, 128, {"causal": True}), (3, 1024, 128, {"causal": True}),
              (64, 800, 96, {"window_size": (100, 0)}), (113, 203, 256, {"causal": True, "softcap": 30.0}),

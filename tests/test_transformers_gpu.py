@@ -103,8 +103,9 @@ def check_greedy_agrees(label, ours, theirs, truth_model, ids, mask) -> list[str
         step = int(differ[0])
         prefix = theirs[0][row, : prompt + step][None]
         prefix_mask = torch.cat([mask[row], torch.ones(step, dtype=mask.dtype, device=mask.device)])[None]
+        positions = (prefix_mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers a left-padded row
         with torch.no_grad():
-            truth = truth_model(prefix, attention_mask=prefix_mask).logits[0, -1].float()
+            truth = truth_model(prefix, attention_mask=prefix_mask, position_ids=positions).logits[0, -1].float()
         a, b = int(ours[0][row, prompt + step]), int(theirs[0][row, prompt + step])
         margin = abs(float(truth[a] - truth[b]))
         error = float((theirs[1][row, step] - truth).abs().max())

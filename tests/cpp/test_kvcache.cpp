@@ -29,6 +29,7 @@ struct Case {
   int page_size = 0;         // 0: dense caches
   int num_splits = 1;
   bool causal = false;
+  int max_smem_per_sm = 0;  // > 0: plan for that much shared memory per SM (the two-stage pipeline)
 };
 
 template <typename T>
@@ -94,6 +95,7 @@ void run_case(const Case& c) {
   p.softmax_scale = 1.0f / std::sqrt(float(d));
   p.window_right = c.causal ? 0 : -1;
   p.num_splits = c.num_splits;
+  p.max_smem_per_sm = c.max_smem_per_sm;
   p.dtype = flashext_test::dtype_of<T>();
   if (c.seqlen_new > 0) {
     flashext::KvAppendParams a;
@@ -175,6 +177,19 @@ TYPED_TEST(FlashDecodeKernel, AgainstCpuReference) {
   run_case<TypeParam>({2, 1, 4, 4, 256, 100, 1, {0, 98}, 1, 3});                     // page size 1, D 256
   run_case<TypeParam>({2, 5, 8, 2, 64, 150, 3, {16, 140}, 17, 7, true});             // page size 17
   run_case<TypeParam>({1, 1, 32, 1, 128, 1000, 1, {999}, 64, 5});                    // MQA 32, full cache
+}
+
+// GPUs with less shared memory per SM than sm_90 (A100, sm_86/89) run two K/V stages, not three.
+TYPED_TEST(FlashDecodeKernel, TwoStagesForLessSharedMemory) {
+  FX_SKIP_WITHOUT_GPU();
+  for (const int head_dim : {64, 128}) {
+    Case dense{3, 1, 8, 2, head_dim, 300, 1, {0, 64, 298}, 0, 4, true};
+    dense.max_smem_per_sm = 100 * 1024;  // sm_86/89
+    run_case<TypeParam>(dense);
+    Case paged{2, 3, 4, 1, head_dim, 200, 2, {15, 17}, 16, 1, true};
+    paged.max_smem_per_sm = 100 * 1024;
+    run_case<TypeParam>(paged);
+  }
 }
 
 // The decode kernel's page arithmetic: FastDivmod against / and % on the CPU, for page sizes 1 to

@@ -150,6 +150,9 @@ struct FlashDecodeParams {
   int window_left = -1, window_right = -1;  // causal is window_right = 0
   int num_splits = 1;
   DType dtype = DType::kBFloat16;
+  // Shared memory per SM the launch plans for (0: the device's): three K/V stages where two such
+  // blocks fit (sm_90), else two; tests pass less to run the two-stage pipeline on any GPU.
+  int max_smem_per_sm = 0;
 };
 
 // Splits of each sequence's keys for this shape on a GPU of sm_count SMs: enough blocks for about

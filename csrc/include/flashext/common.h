@@ -35,10 +35,10 @@ bool arch_supported(const char* arch_list, int major, int minor);
 const char* compiled_kernels();
 
 // Whether the Hopper (sm_90a) kernels may serve the calls they apply to (on sm_90, in a build with
-// sm_90a code). On unless the environment had FLASHEXT_HOPPER=0 when the library loaded, or
-// set_hopper_kernels_enabled(false) turned them off: then the portable FA2-design kernels serve
-// every call, as on other GPUs (to compare the two, or to fall back). Process-wide; read at each
-// call's dispatch on the host.
+// sm_90a code). On unless the environment had FLASHEXT_HOPPER=0 (or false, off, no) when the
+// library loaded, or set_hopper_kernels_enabled(false) turned them off: then the portable
+// FA2-design kernels serve every call, as on other GPUs (to compare the two, or to fall back).
+// Process-wide; read at each call's dispatch on the host.
 bool hopper_kernels_enabled();
 bool set_hopper_kernels_enabled(bool enabled);  // returns the previous setting
 

@@ -39,16 +39,16 @@ namespace flashext {
 namespace attention_detail {
 namespace {
 
-template <int kHeadDim_>
+template <int kHeadDim_, int kStages_ = (kHeadDim_ <= 128 ? 3 : 2)>
 struct DecodeConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kNWarps = 4;
   static constexpr int kThreads = 32 * kNWarps;
   static constexpr int kBlockM = 16 * kNWarps;  // rows: (query, group head) pairs
   static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
-  // K/V buffers: up to two tiles in flight while one is read (D = 256: two buffers, to keep two
-  // blocks per SM)
-  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  // K/V buffers: up to two tiles in flight while one is read where two such blocks fit an SM
+  // (sm_90's 228 KiB); two buffers at D = 256, and on GPUs with less shared memory (launch_decode)
+  static constexpr int kStages = kStages_;
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
@@ -431,9 +431,8 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const FlashDecodePa
   store_pack<T, 8>(v, c, load_pack<T, 8>(static_cast<const T*>(a.v) + src_v, c));
 }
 
-template <typename T, int kHeadDim>
-cudaError_t launch_decode(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
-  using Config = DecodeConfig<kHeadDim>;
+template <typename T, typename Config>
+cudaError_t launch_decode_config(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
   auto kernel = flash_decode_kernel<T, Config>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const int group = p.heads / p.heads_kv;
@@ -449,6 +448,20 @@ cudaError_t launch_decode(const FlashDecodeParams& p, void* workspace, cudaStrea
     flash_decode_combine<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, o_part, lse_part);
   }
   return cudaGetLastError();
+}
+
+// Three stages where two such blocks fit an SM's shared memory (1 KiB of it reserved per block),
+// as the split heuristic's two slots per SM assume; else two (A100, sm_86/89: 40-80 KiB).
+template <typename T, int kHeadDim>
+cudaError_t launch_decode(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
+  using Deep = DecodeConfig<kHeadDim>;
+  if constexpr (Deep::kStages > 2) {
+    const int smem_per_sm = p.max_smem_per_sm > 0 ? p.max_smem_per_sm : current_device_smem_per_sm();
+    if (smem_per_sm < 2 * (Deep::kSmemBytes + 1024)) {
+      return launch_decode_config<T, DecodeConfig<kHeadDim, 2>>(p, workspace, stream);
+    }
+  }
+  return launch_decode_config<T, Deep>(p, workspace, stream);
 }
 
 bool decode_params_ok(const FlashDecodeParams& p) {

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #include "flashext/common.h"
 
@@ -10,8 +11,12 @@ namespace flashext {
 namespace {
 std::atomic<bool>& hopper_kernels_flag() {
   static std::atomic<bool> enabled{[] {
-    const char* value = std::getenv("FLASHEXT_HOPPER");
-    return value == nullptr || std::strcmp(value, "0") != 0;
+    const char* value = std::getenv("FLASHEXT_HOPPER");  // "0", "false", "off" or "no" turn them off
+    if (value == nullptr) return true;
+    for (const char* off : {"0", "false", "off", "no", "False", "OFF", "NO"}) {
+      if (std::strcmp(value, off) == 0) return false;
+    }
+    return true;
   }()};
   return enabled;
 }
@@ -34,6 +39,15 @@ int current_device_max_smem_per_block() {
   return bytes.get([](int device) {
     int value = 0;
     return cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? value : 0;
+  });
+}
+
+int current_device_smem_per_sm() {
+  static PerDeviceValue bytes;
+  return bytes.get([](int device) {
+    int value = 0;
+    return cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess ? value
+                                                                                                              : 0;
   });
 }
 

@@ -41,6 +41,10 @@ int current_device_sm_count();
 // cached per device. Returns 0 when the query fails.
 int current_device_max_smem_per_block();
 
+// Shared memory per SM (cudaDevAttrMaxSharedMemoryPerMultiprocessor: 228 KiB on sm_90, 164 on
+// sm_80, 100 on sm_86/89), cached per device. Returns 0 when the query fails.
+int current_device_smem_per_sm();
+
 // Lets `kernel` launch with `bytes` of dynamic shared memory: past the default 48 KiB a kernel
 // must ask for it (cudaFuncAttributeMaxDynamicSharedMemorySize); below, nothing to do. A host call,
 // no synchronisation: safe during CUDA-graph capture.
