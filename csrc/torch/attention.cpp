@@ -207,15 +207,10 @@ cudaError_t run_forward(const flashext::FlashFwdParams& p, const at::Tensor& q, 
                         const at::Tensor& v) {
   int major = 0, minor = 0;
   device_capability(q.get_device(), &major, &minor);
-  const auto no_broadcast = [](const at::Tensor& t) {
-    for (int64_t d = 0; d + 1 < t.dim(); ++d) {
-      if (t.size(d) > 1 && t.stride(d) == 0) return false;
-    }
-    return true;
-  };
   const bool keys = p.seqlen_k > 0 && (p.cu_seqlens_q == nullptr || (p.total_q > 0 && p.total_k > 0));
-  const bool hopper = p.head_dim == 128 && keys && no_broadcast(q) && no_broadcast(k) && no_broadcast(v) &&
-                      flashext::hopper_kernels_enabled() && flashext::flash_fwd_sm90_supported(major, minor);
+  const bool hopper = p.head_dim == 128 && keys && !has_zero_strides(q) && !has_zero_strides(k) &&
+                      !has_zero_strides(v) && flashext::hopper_kernels_enabled() &&
+                      flashext::flash_fwd_sm90_supported(major, minor);
   return hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));
 }
 
@@ -290,12 +285,8 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, c
   FX_CHECK(flashext::flash_fwd_sm90_supported(major, minor), kSm90, ": needs an sm_90 GPU and a build with sm_90a ",
            "code; this is compute capability ", major, ".", minor, " and the build holds '",
            flashext::compiled_cuda_archs(), "'");
-  for (const auto* t : {&q_in, &k_in, &v_in}) {
-    for (int64_t d = 0; d + 1 < t->dim(); ++d) {
-      FX_CHECK(t->size(d) <= 1 || t->stride(d) != 0, kSm90, ": broadcast (zero-stride) views are not supported ",
-               "(flash_attention takes them)");
-    }
-  }
+  FX_CHECK(!has_zero_strides(q_in) && !has_zero_strides(k_in) && !has_zero_strides(v_in), kSm90,
+           ": broadcast (zero-stride) views are not supported (flash_attention takes them)");
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, q.size(1), k.size(1));

@@ -132,6 +132,13 @@ bool rows_aligned16(const at::Tensor& t) {
   return true;
 }
 
+bool has_zero_strides(const at::Tensor& t) {
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) == 0) return true;
+  }
+  return false;
+}
+
 at::Tensor aligned_rows(const at::Tensor& t) {
   return rows_aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous);
 }

@@ -99,6 +99,10 @@ bool rows_aligned16(const at::Tensor& t);
 // kernels' rows are multiples of 16 bytes, so the copy's rows are aligned.)
 at::Tensor aligned_rows(const at::Tensor& t);
 
+// Whether some dimension of t but the last has more than one element and stride 0 (a broadcast
+// view, such as expand() makes), which TMA tensor maps cannot describe.
+bool has_zero_strides(const at::Tensor& t);
+
 // The stream PyTorch is using on t's device (what graph capture records).
 cudaStream_t current_stream(const at::Tensor& t);
 

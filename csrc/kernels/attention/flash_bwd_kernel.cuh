@@ -195,25 +195,9 @@ size_t bwd_workspace_bytes(const FlashBwdParams& p) {
 }
 
 // This sequence's rows (dense batch or packed varlen), clamped as the forward clamps them.
-struct BwdSequence {
-  int seqlen_q, seqlen_k;
-  int64_t q_start, k_start;  // varlen: first packed row; dense: 0
-};
+using BwdSequence = SequenceRows;
 
-FX_DEVICE BwdSequence bwd_sequence(const FlashBwdParams& p, int batch) {
-  BwdSequence s{p.seqlen_q, p.seqlen_k, 0, 0};
-  if (p.cu_seqlens_q != nullptr) {
-    const int64_t q_start = min(max(int64_t(p.cu_seqlens_q[batch]), int64_t(0)), p.total_q);
-    const int64_t k_start = min(max(int64_t(p.cu_seqlens_k[batch]), int64_t(0)), p.total_k);
-    const int64_t q_end = min(max(int64_t(p.cu_seqlens_q[batch + 1]), q_start), p.total_q);
-    const int64_t k_end = min(max(int64_t(p.cu_seqlens_k[batch + 1]), k_start), p.total_k);
-    s.seqlen_q = int(min(q_end - q_start, int64_t(p.seqlen_q)));
-    s.seqlen_k = int(min(k_end - k_start, int64_t(p.seqlen_k)));
-    s.q_start = q_start;
-    s.k_start = k_start;
-  }
-  return s;
-}
+FX_DEVICE BwdSequence bwd_sequence(const FlashBwdParams& p, int batch) { return sequence_rows(p, batch); }
 
 // Lanes per (row, head) pair in flash_bwd_preprocess: a lane per 8 elements of the row, rounded up
 // to a power of two, so 32 / that many pairs share a warp (4 at D = 64, 2 at 128, 1 at 256).

@@ -146,13 +146,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_fwd_kernel(const Flash
     int64_t v_offset = batch * p.v_batch_stride, o_offset = batch * p.o_batch_stride;
     int64_t lse_offset = batch * p.lse_batch_stride;
     if (p.cu_seqlens_q != nullptr) {
-      // Clamped so that no offsets, however wrong, reach outside the packed tensors.
-      const int64_t q_start = min(max(int64_t(p.cu_seqlens_q[batch]), int64_t(0)), p.total_q);
-      const int64_t k_start = min(max(int64_t(p.cu_seqlens_k[batch]), int64_t(0)), p.total_k);
-      const int64_t q_end = min(max(int64_t(p.cu_seqlens_q[batch + 1]), q_start), p.total_q);
-      const int64_t k_end = min(max(int64_t(p.cu_seqlens_k[batch + 1]), k_start), p.total_k);
-      seqlen_q = int(min(q_end - q_start, int64_t(p.seqlen_q)));
-      seqlen_k = int(min(k_end - k_start, int64_t(p.seqlen_k)));
+      const SequenceRows seq = sequence_rows(p, batch);  // (clamped into the packed tensors)
+      const int64_t q_start = seq.q_start, k_start = seq.k_start;
+      seqlen_q = seq.seqlen_q;
+      seqlen_k = seq.seqlen_k;
       q_offset = q_start * p.q_row_stride;
       o_offset = q_start * p.o_row_stride;
       k_offset = k_start * p.k_row_stride;

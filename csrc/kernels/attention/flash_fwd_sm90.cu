@@ -36,6 +36,7 @@
 #include "../common/tma.h"
 #include "../common/vec.cuh"
 #include "dispatch.h"
+#include "tiles.cuh"
 #include "flash_fwd_sm90.h"
 #include "flashext/common.h"
 
@@ -120,20 +121,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (p.heads / p.heads_kv);
-  // This sequence's rows: a dense batch's, or packed varlen rows clamped into the tensors as
-  // run_flash_fwd clamps them (row_q / row_k: its first row; tma_batch: the maps' batch index).
+  // This sequence's rows (row_q / row_k: its first packed row; tma_batch: the maps' batch index).
   const bool varlen = p.cu_seqlens_q != nullptr;
-  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, tma_batch = batch;
-  int64_t row_q = 0, row_k = 0;
-  if (varlen) {
-    row_q = min(max(int64_t(p.cu_seqlens_q[batch]), int64_t(0)), p.total_q);
-    row_k = min(max(int64_t(p.cu_seqlens_k[batch]), int64_t(0)), p.total_k);
-    const int64_t end_q = min(max(int64_t(p.cu_seqlens_q[batch + 1]), row_q), p.total_q);
-    const int64_t end_k = min(max(int64_t(p.cu_seqlens_k[batch + 1]), row_k), p.total_k);
-    seqlen_q = int(min(end_q - row_q, int64_t(p.seqlen_q)));
-    seqlen_k = int(min(end_k - row_k, int64_t(p.seqlen_k)));
-    tma_batch = 0;
-  }
+  const SequenceRows seq = sequence_rows(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k, tma_batch = varlen ? 0 : batch;
+  const int64_t row_q = seq.q_start, row_k = seq.k_start;
   const int m_start = m_block * kBlockM;
   if (m_start >= seqlen_q) return;  // the whole block past this sequence (before any barrier)
   const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;

@@ -1,5 +1,6 @@
 // flashext attention kernels: swizzled shared-memory tiles of 16-bit rows and the cp.async copies
-// that fill them (the forward and the backward share these).
+// that fill them, and a sequence's rows in a dense or packed batch (the forward, the Hopper
+// forward and the backward share these).
 //
 // A tile is rows of kWidth 16-bit elements (128, 256 or 512 bytes), stored in 16-byte chunks with
 // chunk c of row r at c ^ (r % 8): the 8 row addresses of every ldmatrix then hit 8 different bank
@@ -85,6 +86,30 @@ FX_DEVICE void load_rows(T* smem, RowPtr row_ptr, int head_dim, const T* fallbac
         (dst0 ^ uint32_t(((i * kRowStep) & 7) << 4)) + uint32_t(2 * i * kRowStep * Config::kHeadDim);
     ptx::cp_async_16(dst, valid ? src + chunk * 8 : fallback, valid ? 16 : 0);
   }
+}
+
+// This sequence's rows (dense batch or packed varlen): varlen offsets clamped into [previous
+// offset, total] and lengths to the maxima, so that no offsets, however wrong, reach outside the
+// packed tensors. Params: FlashFwdParams or FlashBwdParams.
+struct SequenceRows {
+  int seqlen_q, seqlen_k;
+  int64_t q_start, k_start;  // varlen: first packed row; dense: 0
+};
+
+template <typename Params>
+FX_DEVICE SequenceRows sequence_rows(const Params& p, int batch) {
+  SequenceRows s{p.seqlen_q, p.seqlen_k, 0, 0};
+  if (p.cu_seqlens_q != nullptr) {
+    const int64_t q_start = min(max(int64_t(p.cu_seqlens_q[batch]), int64_t(0)), p.total_q);
+    const int64_t k_start = min(max(int64_t(p.cu_seqlens_k[batch]), int64_t(0)), p.total_k);
+    const int64_t q_end = min(max(int64_t(p.cu_seqlens_q[batch + 1]), q_start), p.total_q);
+    const int64_t k_end = min(max(int64_t(p.cu_seqlens_k[batch + 1]), k_start), p.total_k);
+    s.seqlen_q = int(min(q_end - q_start, int64_t(p.seqlen_q)));
+    s.seqlen_k = int(min(k_end - k_start, int64_t(p.seqlen_k)));
+    s.q_start = q_start;
+    s.k_start = k_start;
+  }
+  return s;
 }
 
 }  // namespace attention_detail
