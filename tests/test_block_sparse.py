@@ -75,14 +75,18 @@ def test_mask_layouts_and_edges():
 @requires_cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=HALF_IDS)
 def test_full_mask_is_flash_attention(dtype):
-    """Every key block whole: the same blocks in the same order as the dense kernel, bitwise."""
+    """Every key block whole: the same blocks in the same order as the dense FA2-design kernel, bitwise."""
     # (the last: D = 256 with more query blocks than fit at once, where the dense op runs persistent)
     for batch, seqlen_q, head_dim, causal in ((2, 512, 64, False), (2, 512, 128, True), (2, 512, 256, False),
                                               (4, 2560, 256, False)):
         q, k, v = make_qkv(batch, seqlen_q, 640, 8, 2, head_dim, dtype)
         mask = torch.ones(batch, 8, seqlen_q // 128, 5, dtype=torch.bool, device="cuda")
         out, lse = flashext.block_sparse_attention(q, k, v, mask, (128, 128), causal=causal, return_lse=True)
-        dense, dense_lse = flashext.flash_attention(q, k, v, causal=causal, return_lse=True)
+        hopper = flashext.use_hopper_kernels(False)  # the dense kernel of the same design
+        try:
+            dense, dense_lse = flashext.flash_attention(q, k, v, causal=causal, return_lse=True)
+        finally:
+            flashext.use_hopper_kernels(hopper)
         assert torch.equal(out, dense) and torch.equal(lse, dense_lse)
 
 

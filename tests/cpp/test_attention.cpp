@@ -304,6 +304,9 @@ void run_case(const Case& c) {
   const auto out = flashext_test::download<T>(dout.get(), q.size());
   const auto lse = flashext_test::download<float>(dlse.get(), lse_count);
   const double tol = std::is_same_v<T, __half> ? 4e-3 : 3e-2;  // 16-bit P and O roundings
+  // l sums P rounded to T (so O's weights add up to 1), so lse may be off by log(1 + half an ulp
+  // of T) ~ 2^-11 (fp16) or 2^-8 (bf16) where one key dominates a short row.
+  const double lse_tol = std::is_same_v<T, __half> ? 1e-3 : 4e-3;
   for (size_t b = 0; b < lq.size(); ++b) {
     std::vector<float> qf, kf, vf;
     for (size_t i = size_t(cu_q[b]) * c.heads * d; i < size_t(cu_q[b + 1]) * c.heads * d; ++i) qf.push_back(to_float(q[i]));
@@ -325,7 +328,7 @@ void run_case(const Case& c) {
         if (std::isinf(want_l)) {
           ASSERT_TRUE(std::isinf(got_lse) && got_lse < 0) << "lse of an empty row, b " << b << " row " << i;
         } else {
-          ASSERT_NEAR(got_lse, want_l, 1e-3 * std::max(1.0, std::abs(want_l))) << "lse b " << b << " row " << i << " head " << h;
+          ASSERT_NEAR(got_lse, want_l, lse_tol * std::max(1.0, std::abs(want_l))) << "lse b " << b << " row " << i << " head " << h;
         }
       }
     }
