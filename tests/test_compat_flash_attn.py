@@ -85,6 +85,12 @@ FA_SEQLENS = [(113, 203), (128, 217), (113, 211), (108, 256), (256, 512), (512, 
               (1024, 1023), (2048, 2048)]
 FA_HEAD_DIMS = [32, 40, 64, 80, 96, 128, 160, 192, 224, 256]
 HEADS, HEADS_KV = 9, {"mha": 9, "mqa": 1, "gqa": 3}
+
+
+def _kinds(*kinds: str) -> list[tuple[str, str]]:
+    """(kind, mha_type) pairs: every head layout, except that a qkvpacked tensor has as many KV
+    heads as query heads."""
+    return [(kind, mha) for kind in kinds for mha in HEADS_KV if not kind.endswith("qkvpacked") or mha == "mha"]
 # (seqlens, head dim, options) cases: every pair and every head dim, each option on several
 FA_CASES = [(FA_SEQLENS[i], FA_HEAD_DIMS[i], opts) for i, opts in enumerate([
     {}, {"causal": True}, {"window_size": (64, 32)}, {"softcap": 30.0}, {"causal": True, "deterministic": True},
@@ -126,12 +132,9 @@ def _run(fn, leaves, dout, unpack):
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=HALF_IDS)
-@pytest.mark.parametrize("mha_type", ["mha", "mqa", "gqa"])
-@pytest.mark.parametrize("kind", ["func", "kvpacked", "qkvpacked"])
+@pytest.mark.parametrize("kind, mha_type", _kinds("func", "kvpacked", "qkvpacked"))
 def test_flash_attn_output(kind, mha_type, dtype):
     """flash-attn's test_flash_attn_output / _qkvpacked: out, lse (return_attn_probs) and gradients."""
-    if kind == "qkvpacked" and mha_type != "mha":
-        pytest.skip("qkvpacked has as many KV heads as query heads")
     for (seqlen_q, seqlen_k), head_dim, kwargs in FA_CASES:
         if kind == "qkvpacked":
             seqlen_k = seqlen_q
@@ -161,12 +164,9 @@ def _random_lengths(total_max: int, batch: int, generator) -> list[int]:
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=HALF_IDS)
-@pytest.mark.parametrize("mha_type", ["mha", "mqa", "gqa"])
-@pytest.mark.parametrize("kind", ["varlen_func", "varlen_kvpacked", "varlen_qkvpacked"])
+@pytest.mark.parametrize("kind, mha_type", _kinds("varlen_func", "varlen_kvpacked", "varlen_qkvpacked"))
 def test_flash_attn_varlen_output(kind, mha_type, dtype):
     """flash-attn's test_flash_attn_varlen_output / _varlen_qkvpacked: ragged batches of 4."""
-    if kind == "varlen_qkvpacked" and mha_type != "mha":
-        pytest.skip("qkvpacked has as many KV heads as query heads")
     generator = torch.Generator().manual_seed(0)
     for (seqlen_q, seqlen_k), head_dim, kwargs in [((1, 147), 64, {"causal": True})] + FA_CASES[:8]:
         lengths_q = _random_lengths(seqlen_q, 4, generator)
