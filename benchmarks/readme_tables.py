@@ -26,10 +26,10 @@ def table(columns: list[str], lines) -> None:
 
 def attention_tables(payload, summary: bool = False) -> None:
     meta, rows = payload["meta"], payload["rows"]
-    print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit `{meta['commit'][:10]}`, "
-          f"{meta['date'][:10]}. Forward TFLOP/s = 4·B·H·S²·D (halved when causal) / time; B·S = 16384, "
-          "H = 2048 / D; ratios are time(anchor) / time(flashext).\n")
     fwd = [r for r in rows if r["section"] == "fwd"]
+    print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit `{meta['commit'][:10]}`, "
+          f"{meta['date'][:10]}." + (" Forward TFLOP/s = 4·B·H·S²·D (halved when causal) / time; B·S = 16384, "
+                                     "H = 2048 / D; ratios are time(anchor) / time(flashext).\n" if fwd else "\n"))
     anchors = ["sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin", "sdpa_mem_efficient"]
 
     def ratio(row, name):
@@ -41,9 +41,10 @@ def attention_tables(payload, summary: bool = False) -> None:
             values = [x for x in (ratio(r, name) for r in fwd if r["head_dim"] == head_dim) if x is not None]
             yield f"{min(values):.2f}× / {statistics.median(values):.2f}×" if values else "n/a"
 
-    table(["head dim"] + [f"vs {name}" for name in anchors],
-          ([str(d), *worst_median(d)] for d in sorted({r["head_dim"] for r in fwd})))
-    print("\n(worst / median over fp16 and bf16, causal and not, S = 512 … 16384)\n")
+    if fwd:
+        table(["head dim"] + [f"vs {name}" for name in anchors],
+              ([str(d), *worst_median(d)] for d in sorted({r["head_dim"] for r in fwd})))
+        print("\n(worst / median over fp16 and bf16, causal and not, S = 512 … 16384)\n")
     if summary:
         softmax = [r for r in rows if r["section"] == "softmax"]
         if softmax:
@@ -56,11 +57,14 @@ def attention_tables(payload, summary: bool = False) -> None:
                    for dtype in sorted({r["dtype"] for r in softmax})
                    for group in [[r for r in softmax if r["dtype"] == dtype]]))
         return
-    table(["dtype", "D", "mask", "S", "flashext TFLOP/s", "SDPA flash", "cuDNN", "FlexAttention", "Triton twin"],
-          ([r["dtype"], str(r["head_dim"]), "causal" if r["causal"] else "full", str(r["seqlen"]),
-            f"{r['flashext']['tflops']:.0f}",
-            *(f"{r[n]['tflops']:.0f}" if "tflops" in r.get(n, {}) else "n/a"
-              for n in ("sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin"))] for r in fwd))
+    hopper = any("flashext_sm90" in r for r in fwd)  # the Hopper kernel alone, where the run timed it
+    others = ("sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin") + (("flashext_sm90",) if hopper else ())
+    if fwd:
+        table(["dtype", "D", "mask", "S", "flashext TFLOP/s", "SDPA flash", "cuDNN", "FlexAttention", "Triton twin"]
+              + (["Hopper kernel"] if hopper else []),
+              ([r["dtype"], str(r["head_dim"]), "causal" if r["causal"] else "full", str(r["seqlen"]),
+                f"{r['flashext']['tflops']:.0f}",
+                *(f"{r[n]['tflops']:.0f}" if "tflops" in r.get(n, {}) else "n/a" for n in others)] for r in fwd))
     memory = [r for r in rows if r["section"] == "memory"]
     if memory:
         print("\n**Peak extra memory** of the forward (B = 1, H = 1, D = 128, fp16): what the call allocates, its output and lse included\n")
@@ -200,7 +204,7 @@ def gelu_summary(payload, ceiling: float) -> None:
 def main(path: str, summary: bool = False) -> None:
     payload = json.loads(Path(path).read_text())
     sections = {r["section"] for r in payload["rows"]}
-    if "fwd" in sections:
+    if sections & {"fwd", "memory", "softmax"}:
         attention_tables(payload, summary)
         return
     if "train" in sections:
