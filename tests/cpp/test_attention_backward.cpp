@@ -17,6 +17,7 @@
 
 #include "common.h"
 #include "flashext/attention.h"
+#include "attention/flash_bwd_sm90.h"
 
 namespace {
 
@@ -30,6 +31,7 @@ struct Case {
   float softcap = 0.0f;
   std::vector<int> varlen_q, varlen_k;  // non-empty: packed ragged batch with these lengths
   int max_smem = 0;  // the shared memory the kernels may use per block (0: the device's)
+  bool sm90 = false;  // the Hopper backward (flash_bwd_sm90.h) instead of run_flash_bwd
 };
 
 // dq (sq, H, D), dk and dv (sk, Hkv, D) of one sequence, in double, from its probabilities.
@@ -164,7 +166,12 @@ struct Problem {
     b.deterministic = deterministic;
     const size_t bytes = flashext::flash_bwd_workspace_bytes(b);
     DeviceBuffer workspace(bytes);  // poisoned: the backward must not rely on its contents
-    FX_ASSERT_CUDA(flashext::run_flash_bwd(b, workspace.get(), nullptr));
+    if (c.sm90) {
+      ASSERT_TRUE(flashext::flash_bwd_sm90_takes(b));
+      FX_ASSERT_CUDA(flashext::run_flash_bwd_sm90(b, workspace.get(), nullptr));
+    } else {
+      FX_ASSERT_CUDA(flashext::run_flash_bwd(b, workspace.get(), nullptr));
+    }
     FX_ASSERT_CUDA(cudaDeviceSynchronize());
     dq = flashext_test::download<T>(gq.get(), q.size());
     dk = flashext_test::download<T>(gk.get(), k.size());
@@ -235,6 +242,27 @@ TYPED_TEST(FlashBwdKernel, AgainstCpuReference) {
   varlen.varlen_q = {0, 1, 7, 70};
   varlen.varlen_k = {3, 0, 7, 90};
   run_case<TypeParam>(varlen);
+}
+
+// The Hopper backward, version 0 (D = 128, dense, full or causal): only on an sm_90 GPU with a
+// build holding sm_90a code.
+TYPED_TEST(FlashBwdKernel, Sm90AgainstCpuReference) {
+  FX_SKIP_WITHOUT_GPU();
+  int device = 0, major = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (major != 9 || std::string(flashext::compiled_cuda_archs()).find("sm_90a") == std::string::npos) {
+    GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
+  }
+  const auto hopper = [](Case c) {
+    c.sm90 = true;
+    return c;
+  };
+  run_case<TypeParam>(hopper({1, 64, 128, 2, 2, 128}));                   // one query block, one key block
+  run_case<TypeParam>(hopper({2, 300, 257, 4, 2, 128}));                  // tails, GQA, several blocks
+  run_case<TypeParam>(hopper({1, 257, 513, 4, 1, 128, /*causal=*/true}));  // MQA, causal Sq != Sk
+  run_case<TypeParam>(hopper({1, 150, 70, 2, 1, 128, /*causal=*/true}));   // causal Sq > Sk: rows that see no key
+  run_case<TypeParam>(hopper({1, 1, 300, 4, 2, 128}));                    // one query row
 }
 
 // The tiles other GPUs get, on this one: A100's 163 KiB per block (D = 256 compact) and sm_86/89's

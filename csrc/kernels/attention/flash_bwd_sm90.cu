@@ -1,0 +1,427 @@
+// flashext FlashAttention backward on Hopper (sm_90a), version 0 (flash_bwd_sm90.h: its scope and
+// who calls it). The plan: docs/notes/attention.md, "Plan for the Hopper backward".
+//
+// With P = softmax of the forward (recomputed from Q, K and the saved lse), per query row i:
+//   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D),  D_i = Σ_d dO_id O_id,  dK = dSᵀ Q · scale,
+//   dQ = dS K · scale.
+// Three kernels: flash_bwd_preprocess (the FA2-design backward's: D and lse · log2 e into the
+// workspace, dq_accum zeroed), flash_bwd_sm90_kernel, and flash_bwd_sm90_convert_dq (dq_accum ·
+// scale into dq).
+//
+// Main kernel. A CTA per (key block of 128, KV head, batch entry). Warpgroup 0 produces: thread 0
+// issues the TMA loads (K and V once; Q and dO of each query block of 64 into two stages), warp 1
+// copies the block's lse · log2 e and D into the stage. Warpgroups 1 and 2 consume, consumer c
+// owning keys 64 c + [0, 64) of the block. For every query head of the KV head's group and every
+// query block that sees the key block:
+//   Sᵀ = K_c Qᵀ, dPᵀ = V_c dOᵀ           wgmma m64n64 SS (all four tiles K-major, as TMA wrote them)
+//   Pᵀ = 2^(Sᵀ · scale · log2 e − lse₂),  dSᵀ = Pᵀ ∘ (dPᵀ − D)    in registers, masked where causal
+//   dV_c += Pᵀ dO, dK_c += dSᵀ Q          wgmma m64n128 RS (Pᵀ, dSᵀ from registers; dO, Q MN-major)
+//   dS → shared memory (queries × keys, K-major; both consumers' halves), then
+//   dQ[:, 64 c + [0, 64)] = dS K[:, 64 c + [0, 64)]   wgmma m64n64 SS (K MN-major)
+//   dQ (fp32, 64 × 128) through shared memory into dq_accum by one bulk reduce-add.
+// dK · scale and dV leave from registers at the end. dq_accum's tiles are the FA2-design
+// backward's (one 64 × 128 tile per (query block, head)), row-major inside.
+//
+//   shared memory: K, V 2 · 32 + Q, dO 2 stages · 2 · 16 + dS 16 + dQ 32 + lse₂, D 1 = 177 KiB
+//   registers per consumer thread: dK 64, dV 64, Sᵀ 32, dPᵀ 32, dQ 32 (not all live at once)
+// Every GEMM waits for itself (no overlap yet): the structure first, the schedule after, as the
+// forward went.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "../common/device.h"
+#include "../common/ptx.cuh"
+#include "../common/sm90.cuh"
+#include "../common/tma.h"
+#include "dispatch.h"
+#include "flash_bwd_kernel.cuh"
+#include "flash_bwd_sm90.h"
+
+namespace flashext {
+namespace attention_detail {
+namespace {
+
+struct Sm90BwdConfig {
+  static constexpr int kHeadDim = 128;
+  static constexpr int kBlockN = 128;  // keys per CTA: 64 per consumer warpgroup
+  static constexpr int kBlockM = 64;   // queries per step (dq_accum's tile rows)
+  static constexpr int kStages = 2;
+  static constexpr int kSlabs = kHeadDim / 64;
+  static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
+  static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
+  static constexpr int kSlabBytesDs = kBlockM * 128, kTileBytesDs = (kBlockN / 64) * kSlabBytesDs;
+  static constexpr int kTileBytesDq = kBlockM * kHeadDim * 4;
+  static constexpr int kStatsFloats = 2 * kBlockM;  // per stage: lse · log2 e, then D
+  // Offsets from the 1024-byte aligned base (every tile on a swizzle atom).
+  static constexpr int kOffK = 0, kOffV = kTileBytesKV, kOffQ = 2 * kTileBytesKV;
+  static constexpr int kOffDo = kOffQ + kStages * kTileBytesQ;
+  static constexpr int kOffDs = kOffDo + kStages * kTileBytesQ;
+  static constexpr int kOffDq = kOffDs + kTileBytesDs;
+  static constexpr int kOffStats = kOffDq + kTileBytesDq;
+  static constexpr int kOffBars = kOffStats + kStages * kStatsFloats * 4;
+  static constexpr int kSmemBytes = kOffBars + 64 + 1024;  // the barriers, and the alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "tiles must fit shared memory");
+};
+
+constexpr int kThreads = 3 * 128;
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536, "setmaxnreg must balance");
+constexpr int kBarrierDs = 1, kBarrierDq = 2;  // named barriers of the two consumer warpgroups
+
+struct Sm90BwdMaps {
+  CUtensorMap q, k, v, dout;
+};
+
+// The query heads and blocks a CTA visits, in the order producer and consumers share: iteration
+// `it` is head `first_head + it / blocks`, query block `m_first + it % blocks`.
+struct BwdSchedule {
+  int m_first, blocks, iterations, first_head;
+  FX_DEVICE int head(int it) const { return first_head + it / blocks; }
+  FX_DEVICE int m_block(int it) const { return m_first + it % blocks; }
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_bwd_sm90_kernel(const FlashBwdParams p, const BwdWorkspace w, const __grid_constant__ Sm90BwdMaps maps) {
+  namespace sm90 = flashext::sm90;
+  using C = Sm90BwdConfig;
+  constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN, kStages = C::kStages, kSlabs = C::kSlabs;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = sm90::smem_addr(smem_raw);
+  unsigned char* base = smem_raw + ((1024 - raw % 1024) % 1024);
+  unsigned char* smem_k = base + C::kOffK;
+  unsigned char* smem_v = base + C::kOffV;
+  unsigned char* smem_q = base + C::kOffQ;    // [stage]
+  unsigned char* smem_do = base + C::kOffDo;  // [stage]
+  unsigned char* smem_ds = base + C::kOffDs;
+  float* smem_dq = reinterpret_cast<float*>(base + C::kOffDq);
+  float* stats = reinterpret_cast<float*>(base + C::kOffStats);  // [stage][lse₂ kBlockM | D kBlockM]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + C::kOffBars);
+  uint64_t* kv_full = bars;
+  uint64_t* full = bars + 1;             // [kStages]: Q, dO (transaction bytes) and the stats (warp 1)
+  uint64_t* empty = bars + 1 + kStages;  // [kStages]: one arrival per consumer warpgroup
+
+  const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
+  const int kv_head = blockIdx.y, batch = blockIdx.z, group = p.heads / p.heads_kv;
+  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, n_start = blockIdx.x * kBlockN;
+  const bool causal = p.window_right == 0;  // (version 0 takes full or causal attention only)
+  const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;
+  const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
+  // Causal: query i sees key j when j ≤ i + diag, so the first block holding a row that sees n_start.
+  const int m_first = causal ? min(num_m, max(0, n_start - diag) / kBlockM) : 0;
+  const BwdSchedule sched{m_first, num_m - m_first, group * (num_m - m_first), kv_head * group};
+
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      sm90::mbarrier_init(&full[s], 1 + 32);  // thread 0's expect_tx, warp 1's 32 lanes
+      sm90::mbarrier_init(&empty[s], 2);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // producer
+    sm90::setmaxnreg_dec<kProducerRegisters>();
+    const int warp = threadIdx.x / 32;
+    if (warp == 0 && lane == 0) {
+      sm90::mbarrier_arrive_expect_tx(kv_full, 2 * C::kTileBytesKV);
+      for (int slab = 0; slab < kSlabs; ++slab) {
+        sm90::tma_load_4d(smem_k + slab * C::kSlabBytesKV, &maps.k, kv_full, 64 * slab, kv_head, n_start, batch);
+        sm90::tma_load_4d(smem_v + slab * C::kSlabBytesKV, &maps.v, kv_full, 64 * slab, kv_head, n_start, batch);
+      }
+      for (int it = 0; it < sched.iterations; ++it) {
+        const int stage = it % kStages, head = sched.head(it), m_start = sched.m_block(it) * kBlockM;
+        if (it >= kStages) sm90::mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
+        sm90::mbarrier_arrive_expect_tx(&full[stage], 2 * C::kTileBytesQ);
+        for (int slab = 0; slab < kSlabs; ++slab) {
+          sm90::tma_load_4d(smem_q + stage * C::kTileBytesQ + slab * C::kSlabBytesQ, &maps.q, &full[stage], 64 * slab,
+                            head, m_start, batch);
+          sm90::tma_load_4d(smem_do + stage * C::kTileBytesQ + slab * C::kSlabBytesQ, &maps.dout, &full[stage],
+                            64 * slab, head, m_start, batch);
+        }
+      }
+    } else if (warp == 1) {  // the stats: +inf / 0 past the sequence (P = 0 there)
+      for (int it = 0; it < sched.iterations; ++it) {
+        const int stage = it % kStages, m_start = sched.m_block(it) * kBlockM;
+        if (it >= kStages) sm90::mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
+        const int64_t at = int64_t(batch) * w.stats_batch_stride + int64_t(sched.head(it)) * w.stats_head_stride + m_start;
+        float* st = stats + stage * C::kStatsFloats;
+        for (int j = lane; j < kBlockM; j += 32) {
+          const bool in = m_start + j < seqlen_q;
+          st[j] = in ? w.lse2[at + j] : INFINITY;
+          st[kBlockM + j] = in ? w.dsum[at + j] : 0.0f;
+        }
+        sm90::mbarrier_arrive(&full[stage]);  // (release: the stores above before the consumers' reads)
+      }
+    }
+    return;
+  }
+
+  // Consumers: warpgroup c = 0, 1 owns keys 64 c + [0, 64) of the block; this thread keys key0 and
+  // key0 + 8 (within the block) in Sᵀ, dPᵀ, dK and dV, and query rows 16 warp + lane / 4 (+ 8) in dQ.
+  sm90::setmaxnreg_inc<kConsumerRegisters>();
+  const int c = warpgroup - 1, warp = (threadIdx.x / 32) % 4, quad = lane % 4;
+  const int key0 = 64 * c + 16 * warp + lane / 4;
+  const float scale_log2 = p.softmax_scale * kLog2e;
+
+  // dK, dV in the m64n128 accumulator layout: element 4 i + 2 r + e holds key key0 + 8 r, dim 8 i + 2 quad + e
+  float acc_dk[64], acc_dv[64];
+#pragma unroll
+  for (int e = 0; e < 64; ++e) acc_dk[e] = acc_dv[e] = 0.0f;
+
+  sm90::mbarrier_wait(kv_full, 0);
+  // Sᵀ's and dPᵀ's A: this warpgroup's 64 rows of K and V (64 · 128 bytes into every slab).
+  const uint64_t desc_k_rows = sm90::smem_descriptor(smem_k + 64 * 128 * c, 16, 1024);
+  const uint64_t desc_v_rows = sm90::smem_descriptor(smem_v + 64 * 128 * c, 16, 1024);
+  // dQ's B: K's slab c (head dims 64 c + [0, 64)) read MN-major, a k16 step 16 keys (2048 bytes) in.
+  const uint64_t desc_k_cols = sm90::smem_descriptor(smem_k + c * C::kSlabBytesKV, C::kSlabBytesKV, 1024);
+  // dQ's A: dS (queries × keys) K-major, keys 64 h + [0, 64) in slab h.
+  const uint64_t desc_ds = sm90::smem_descriptor(smem_ds, 16, 1024);
+
+  for (int it = 0; it < sched.iterations; ++it) {
+    const int stage = it % kStages, head = sched.head(it), m_block = sched.m_block(it);
+    const int m_start = m_block * kBlockM;
+    sm90::mbarrier_wait(&full[stage], (it / kStages) & 1);
+    unsigned char* q_tile = smem_q + stage * C::kTileBytesQ;
+    unsigned char* do_tile = smem_do + stage * C::kTileBytesQ;
+    const float* lse2 = stats + stage * C::kStatsFloats;
+    const float* dsum = lse2 + kBlockM;
+
+    // Sᵀ = K_c Qᵀ and dPᵀ = V_c dOᵀ: head-dim k16 step kk is slab kk / 4, 32 bytes × (kk % 4) in.
+    float s[32], dp[32];
+    const uint64_t desc_q = sm90::smem_descriptor(q_tile, 16, 1024);
+    const uint64_t desc_do = sm90::smem_descriptor(do_tile, 16, 1024);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kHeadDim / 16; ++kk) {
+      const uint64_t in_slab = uint64_t(2 * (kk % 4));
+      sm90::wgmma_m64n64k16_ss<T, 0>(s, desc_k_rows + uint64_t((kk / 4) * (C::kSlabBytesKV >> 4)) + in_slab,
+                                     desc_q + uint64_t((kk / 4) * (C::kSlabBytesQ >> 4)) + in_slab, kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < C::kHeadDim / 16; ++kk) {
+      const uint64_t in_slab = uint64_t(2 * (kk % 4));
+      sm90::wgmma_m64n64k16_ss<T, 0>(dp, desc_v_rows + uint64_t((kk / 4) * (C::kSlabBytesKV >> 4)) + in_slab,
+                                     desc_do + uint64_t((kk / 4) * (C::kSlabBytesQ >> 4)) + in_slab, kk > 0);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(s);
+    sm90::fence_operands(dp);
+
+    // Pᵀ (fp32 for dS, rounded to T for dV) and dSᵀ. Element 4 i + 2 r + e: key key0 + 8 r, query
+    // m_start + 8 i + 2 quad + e. The mask only where the block crosses the diagonal or the keys' end.
+    const bool masked = (causal && n_start + kBlockN - 1 > m_start + diag) || n_start + kBlockN > seqlen_k;
+    uint32_t p16[8][2], ds16[8][2];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * quad);
+      const float2 dd = *reinterpret_cast<const float2*>(dsum + 8 * i + 2 * quad);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float pv[2], dsv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int idx = 4 * i + 2 * r + e;
+          float pe = ptx::exp2_approx(fmaf(s[idx], scale_log2, -(e == 0 ? l2.x : l2.y)));  // +inf lse₂ → 0
+          if (masked) {
+            const int key = n_start + key0 + 8 * r, query = m_start + 8 * i + 2 * quad + e;
+            if ((causal && key > query + diag) || key >= seqlen_k) pe = 0.0f;
+          }
+          pv[e] = pe;
+          dsv[e] = pe * (dp[idx] - (e == 0 ? dd.x : dd.y));
+        }
+        p16[i][r] = ptx::pack2<T>(pv[0], pv[1]);
+        ds16[i][r] = ptx::pack2<T>(dsv[0], dsv[1]);
+      }
+    }
+
+    // dV_c += Pᵀ dO and dK_c += dSᵀ Q: query k16 step kk is n8 tiles 2 kk and 2 kk + 1 (the A
+    // fragment); dO and Q MN-major, head dims in two slabs (the leading offset), 16 rows per step.
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      sm90::fence_operands(p16[i]);
+      sm90::fence_operands(ds16[i]);
+    }
+    sm90::fence_operands(acc_dv);
+    sm90::fence_operands(acc_dk);
+    const uint64_t desc_do_cols = sm90::smem_descriptor(do_tile, C::kSlabBytesQ, 1024);
+    const uint64_t desc_q_cols = sm90::smem_descriptor(q_tile, C::kSlabBytesQ, 1024);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      const uint32_t a[4] = {p16[2 * kk][0], p16[2 * kk][1], p16[2 * kk + 1][0], p16[2 * kk + 1][1]};
+      sm90::wgmma_m64n128k16_rs<T, 1>(acc_dv, a, desc_do_cols + uint64_t(128 * kk), 1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      const uint32_t a[4] = {ds16[2 * kk][0], ds16[2 * kk][1], ds16[2 * kk + 1][0], ds16[2 * kk + 1][1]};
+      sm90::wgmma_m64n128k16_rs<T, 1>(acc_dk, a, desc_q_cols + uint64_t(128 * kk), 1);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(acc_dv);
+    sm90::fence_operands(acc_dk);
+    // This stage's Q, dO and stats are read for the last time: the producer may refill it.
+    if (threadIdx.x % 128 == 0) sm90::mbarrier_arrive(&empty[stage]);
+
+    // dS into shared memory: query j, key 64 c + kl at slab c, row j, 16-byte chunk kl / 8 ^ j % 8
+    // (the 128-byte swizzle). Both consumers' halves must be in before either reads them, and the
+    // last bulk add must have read the dQ buffer before it is rewritten (its issuer waits first).
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int kl = 16 * warp + lane / 4 + 8 * r;
+        const T* pair = reinterpret_cast<const T*>(&ds16[i][r]);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = 8 * i + 2 * quad + e;
+          *reinterpret_cast<T*>(smem_ds + c * C::kSlabBytesDs + j * 128 + (((kl >> 3) ^ (j & 7)) << 4) + (kl & 7) * 2) =
+              pair[e];
+        }
+      }
+    }
+    sm90::fence_proxy_async();  // (the generic stores before wgmma's async-proxy reads)
+    if (threadIdx.x == 128) sm90::bulk_wait_group_read<0>();
+    sm90::named_barrier_sync(kBarrierDs, 256);
+
+    // dQ[:, 64 c + [0, 64)] = dS K[:, 64 c + [0, 64)] over the block's 128 keys: key k16 step kk is
+    // dS's slab kk / 4, 32 bytes × (kk % 4) in, and K's rows 16 kk (2048 bytes × kk).
+    float dq[32];
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      sm90::wgmma_m64n64k16_ss<T, 1>(dq, desc_ds + uint64_t((kk / 4) * (C::kSlabBytesDs >> 4) + 2 * (kk % 4)),
+                                     desc_k_cols + uint64_t(128 * kk), kk > 0);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(dq);
+
+    // dQ (fp32) row-major into shared memory (rows 16 warp + lane / 4 + 8 r, dims 64 c + 8 i + 2
+    // quad + e), then one bulk reduce-add of the 64 × 128 tile into dq_accum. (After the barrier both
+    // warpgroups are also done reading dS, so the next iteration may rewrite it.)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = 16 * warp + lane / 4 + 8 * r, col = 64 * c + 8 * i + 2 * quad;
+        *reinterpret_cast<float2*>(smem_dq + row * C::kHeadDim + col) = make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+      }
+    }
+    sm90::fence_proxy_async();
+    sm90::named_barrier_sync(kBarrierDq, 256);
+    if (threadIdx.x == 128) {
+      float* tile = w.dq_accum + ((int64_t(batch) * num_m + m_block) * p.heads + head) * (kBlockM * C::kHeadDim);
+      sm90::bulk_reduce_add_f32(tile, smem_dq, C::kTileBytesDq);
+      sm90::bulk_commit_group();
+    }
+  }
+  if (threadIdx.x == 128) sm90::bulk_wait_group<0>();  // (the last add has read its shared memory)
+
+  // dK · scale and dV, straight from registers; keys past the sequence are not written.
+  T* dk = static_cast<T*>(p.dk) + int64_t(batch) * p.dk_batch_stride + int64_t(kv_head) * p.dk_head_stride;
+  T* dv = static_cast<T*>(p.dv) + int64_t(batch) * p.dv_batch_stride + int64_t(kv_head) * p.dv_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = n_start + key0 + 8 * r;
+    if (key >= seqlen_k) continue;
+#pragma unroll
+    for (int i = 0; i < C::kHeadDim / 8; ++i) {
+      const int col = 8 * i + 2 * quad;
+      *reinterpret_cast<uint32_t*>(dk + int64_t(key) * p.dk_row_stride + col) =
+          ptx::pack2<T>(acc_dk[4 * i + 2 * r] * p.softmax_scale, acc_dk[4 * i + 2 * r + 1] * p.softmax_scale);
+      *reinterpret_cast<uint32_t*>(dv + int64_t(key) * p.dv_row_stride + col) =
+          ptx::pack2<T>(acc_dv[4 * i + 2 * r], acc_dv[4 * i + 2 * r + 1]);
+    }
+  }
+}
+
+// dq = dq_accum · softmax_scale: a block per (query block, head, batch entry), row-major tiles.
+template <typename T>
+__global__ void __launch_bounds__(128) flash_bwd_sm90_convert_dq(const FlashBwdParams p, const BwdWorkspace w) {
+  constexpr int kBlockM = Sm90BwdConfig::kBlockM, kHeadDim = Sm90BwdConfig::kHeadDim;
+  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const float* tile = w.dq_accum + ((int64_t(batch) * num_m + m_block) * p.heads + head) * (kBlockM * kHeadDim);
+  T* dq = static_cast<T*>(p.dq) + int64_t(batch) * p.dq_batch_stride + int64_t(head) * p.dq_head_stride;
+  for (int pair = threadIdx.x; pair < kBlockM * kHeadDim / 2; pair += blockDim.x) {
+    const int row = pair / (kHeadDim / 2), col = 2 * (pair % (kHeadDim / 2));
+    const int query = m_block * kBlockM + row;
+    if (query >= p.seqlen_q) break;  // (rows ascend with pair)
+    const float2 a = *reinterpret_cast<const float2*>(tile + row * kHeadDim + col);
+    *reinterpret_cast<uint32_t*>(dq + int64_t(query) * p.dq_row_stride + col) =
+        ptx::pack2<T>(a.x * p.softmax_scale, a.y * p.softmax_scale);
+  }
+}
+
+// A (head_dim, heads, rows, batch) map of 16-bit elements with box_rows-row boxes of 64 columns.
+cudaError_t bwd_map(CUtensorMap* out, const void* base, int64_t heads, int64_t rows, int64_t batch,
+                    int64_t row_stride, int64_t head_stride, int64_t batch_stride, uint32_t box_rows) {
+  constexpr int kHeadDim = Sm90BwdConfig::kHeadDim;
+  // A dim of size 1 addresses nothing, but the TMA wants every stride a multiple of 16 bytes.
+  head_stride = heads > 1 ? head_stride : kHeadDim;
+  row_stride = rows > 1 ? row_stride : heads * head_stride;
+  batch_stride = batch > 1 ? batch_stride : rows * row_stride;
+  const uint64_t dims[4] = {uint64_t(kHeadDim), uint64_t(heads), uint64_t(rows), uint64_t(batch)};
+  const uint64_t strides[3] = {uint64_t(head_stride) * 2, uint64_t(row_stride) * 2, uint64_t(batch_stride) * 2};
+  const uint32_t box[4] = {64, 1, box_rows, 1};
+  return make_tma_4d_swizzle128(out, base, dims, strides, box);
+}
+
+template <typename T>
+cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
+  using C = Sm90BwdConfig;
+  const BwdWorkspace w = bwd_workspace<C::kHeadDim>(p, workspace);
+  const int64_t pairs = int64_t(p.batch) * p.seqlen_q * p.heads;
+  if (pairs > 0) {
+    const int64_t pairs_per_block = 8 * (32 / bwd_preprocess_lanes(p.head_dim));
+    flash_bwd_preprocess<T><<<unsigned((pairs + pairs_per_block - 1) / pairs_per_block), 256, 0, stream>>>(p, w);
+    FX_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  Sm90BwdMaps maps;
+  FX_RETURN_IF_ERROR(bwd_map(&maps.q, p.q, p.heads, p.seqlen_q, p.batch, p.q_row_stride, p.q_head_stride,
+                             p.q_batch_stride, C::kBlockM));
+  FX_RETURN_IF_ERROR(bwd_map(&maps.dout, p.dout, p.heads, p.seqlen_q, p.batch, p.do_row_stride, p.do_head_stride,
+                             p.do_batch_stride, C::kBlockM));
+  FX_RETURN_IF_ERROR(bwd_map(&maps.k, p.k, p.heads_kv, p.seqlen_k, p.batch, p.k_row_stride, p.k_head_stride,
+                             p.k_batch_stride, C::kBlockN));
+  FX_RETURN_IF_ERROR(bwd_map(&maps.v, p.v, p.heads_kv, p.seqlen_k, p.batch, p.v_row_stride, p.v_head_stride,
+                             p.v_batch_stride, C::kBlockN));
+  auto kernel = flash_bwd_sm90_kernel<T>;
+  FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, C::kSmemBytes));
+  const dim3 grid(unsigned((p.seqlen_k + C::kBlockN - 1) / C::kBlockN), unsigned(p.heads_kv), unsigned(p.batch));
+  kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(p, w, maps);
+  FX_RETURN_IF_ERROR(cudaGetLastError());
+  if (p.seqlen_q > 0) {
+    const dim3 convert_grid(unsigned((p.seqlen_q + C::kBlockM - 1) / C::kBlockM), unsigned(p.heads), unsigned(p.batch));
+    flash_bwd_sm90_convert_dq<T><<<convert_grid, 128, 0, stream>>>(p, w);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+}  // namespace attention_detail
+
+bool flash_bwd_sm90_takes(const FlashBwdParams& p) {
+  const bool full_or_causal = p.window_left < 0 && (p.window_right < 0 || p.window_right == 0);
+  return p.head_dim == 128 && p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.block_mask == nullptr &&
+         full_or_causal && p.softcap == 0.0f && !p.deterministic && p.lse != nullptr && p.batch >= 0 && p.heads > 0 &&
+         p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q >= 0 && p.seqlen_k > 0;
+}
+
+cudaError_t run_flash_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
+  using namespace attention_detail;
+  if (!flash_bwd_sm90_takes(p) || workspace == nullptr) return cudaErrorInvalidValue;
+  if (p.batch == 0) return cudaSuccess;
+  return with_16bit_type(p.dtype, cudaErrorInvalidValue,
+                         [&](auto type) { return launch_bwd_sm90<typename decltype(type)::type>(p, workspace, stream); });
+}
+
+}  // namespace flashext

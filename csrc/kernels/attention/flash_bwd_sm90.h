@@ -1,0 +1,19 @@
+// flashext Hopper FlashAttention backward (flash_bwd_sm90.cu), version 0: D = 128, dense batches,
+// fp16 / bf16, full or causal attention (no other window, no soft-cap), GQA, the atomic (not the
+// deterministic) dQ. Not dispatched yet: run_flash_bwd stays the FA2-design kernels;
+// FlashBwdKernel.Sm90AgainstCpuReference (tests/cpp/test_attention_backward.cpp) checks it against
+// the CPU reference. It takes run_flash_bwd's params and workspace (flash_bwd_workspace_bytes).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "flashext/attention.h"
+
+namespace flashext {
+
+// Whether these params are ones version 0 takes (the rest: cudaErrorInvalidValue from the run).
+bool flash_bwd_sm90_takes(const FlashBwdParams& params);
+
+cudaError_t run_flash_bwd_sm90(const FlashBwdParams& params, void* workspace, cudaStream_t stream);
+
+}  // namespace flashext
