@@ -77,25 +77,41 @@ cpp_build() {  # cpp_build [DIR [ARCHS]]: the C++ tests, for the archs given (de
     -DFLASHEXT_CUDA_ARCHS="$archs" >/dev/null && cmake --build "$dir" -j "$MAX_JOBS"
 }
 ctest_run() { cpp_build && ctest --test-dir build/cpp --output-on-failure --timeout 120; }
-sanitize() {
+sanitize() {  # every check runs and prints its verdict; the step fails if any did
   cpp_build || return 1
-  for binary in test_gelu test_attention test_attention_backward test_kvcache; do
-    compute-sanitizer --tool memcheck --error-exitcode 9 build/cpp/$binary --gtest_brief=1 || return 1
+  local failed=()
+  check() {  # check LABEL COMMAND...: run it, remember the label if it fails
+    local label=$1
+    shift
+    echo "sanitize: $label"
+    "$@" || failed+=("$label")
+  }
+  # (the Hopper kernels' tests apart from the portable ones', so that each verdict names its kernels)
+  local tool binary filter
+  for tool in memcheck racecheck; do
+    for binary in test_gelu test_attention test_attention_backward test_kvcache test_sm90; do
+      for filter in '-*Sm90*' '*Sm90*'; do
+        [ "$tool" = racecheck ] && [ "$binary" = test_gelu ] && filter='*BiasGelu*'
+        check "$tool $binary $filter" compute-sanitizer --tool $tool --error-exitcode 9 build/cpp/$binary \
+          --gtest_brief=1 "--gtest_filter=$filter"
+        [ "$binary" = test_gelu ] && break
+      done
+    done
   done
-  compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_gelu --gtest_brief=1 \
-    --gtest_filter='*BiasGelu*' || return 1
-  compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_attention --gtest_brief=1 || return 1
-  compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_attention_backward --gtest_brief=1 || return 1
-  compute-sanitizer --tool racecheck --error-exitcode 9 build/cpp/test_kvcache --gtest_brief=1 || return 1
   # a small pytest subset through the torch glue: views, unaligned starts, in-place, the edges of
   # attention's numerics, and the bad-input fuzz (nothing may be launched)
-  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+  check "memcheck pytest subset" timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
     $PY -m pytest -q -p no:cacheprovider tests/test_gelu.py tests/test_attention.py tests/test_online_softmax.py \
     tests/test_bad_input_fuzz.py tests/test_attention_backward.py tests/test_kvcache.py tests/test_merge_states.py \
     tests/test_block_sparse.py \
     -k "views and bfloat16 or in_place and float32 or any_start_alignment or huge_logits and float16 or nan \
     or empty or bad_calls or no_key or varlen_rows or packed_views or past_capacity or paged_cache and 257 \
     or merge_edge or special_masks or mask_layouts or random_masks and bfloat16 and 64 and 7"
+  if [ ${#failed[@]} -gt 0 ]; then
+    printf 'sanitize: FAILED: %s\n' "${failed[@]}"
+    return 1
+  fi
+  echo "sanitize: every check clean"
 }
 
 profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash (profile_attention.py)
