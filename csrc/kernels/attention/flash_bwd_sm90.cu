@@ -23,6 +23,7 @@
 // backward's (one 64 × 128 tile per (query block, head)), row-major inside.
 //
 //   shared memory: K, V 2 · 32 + Q, dO 2 stages · 2 · 16 + dS 16 + dQ 32 + lse₂, D 1 = 177 KiB
+//   (178 with the barriers and the 1024-byte alignment slack)
 //   registers per consumer thread: dK 64, dV 64, Sᵀ 32, dPᵀ 32, dQ 32 (not all live at once)
 // Every GEMM waits for itself (no overlap yet): the structure first, the schedule after, as the
 // forward went.
@@ -68,8 +69,12 @@ struct Sm90BwdConfig {
 };
 
 constexpr int kThreads = 3 * 128;
-constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536, "setmaxnreg must balance");
+// Registers: the block starts at 65536 / kThreads = 168 each (__launch_bounds__ pins it); the
+// producer gives up to 24 and the consumers take 240, exactly the whole file.
+constexpr int kEntryRegisters = 168, kProducerRegisters = 24, kConsumerRegisters = 240;
+static_assert(kThreads * kEntryRegisters <= 65536 &&
+                  128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kEntryRegisters,
+              "setmaxnreg must balance within the block's registers");
 constexpr int kBarrierDs = 1, kBarrierDq = 2;  // named barriers of the two consumer warpgroups
 
 struct Sm90BwdMaps {
@@ -411,9 +416,16 @@ cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream
 
 bool flash_bwd_sm90_takes(const FlashBwdParams& p) {
   const bool full_or_causal = p.window_left < 0 && (p.window_right < 0 || p.window_right == 0);
+  // The TMA maps: 16-byte aligned tensors and strides (in elements, multiples of 8).
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const auto strides = [](int64_t a, int64_t b, int64_t c) { return a % 8 == 0 && b % 8 == 0 && c % 8 == 0; };
   return p.head_dim == 128 && p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.block_mask == nullptr &&
          full_or_causal && p.softcap == 0.0f && !p.deterministic && p.lse != nullptr && p.batch >= 0 && p.heads > 0 &&
-         p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q >= 0 && p.seqlen_k > 0;
+         p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q > 0 && p.seqlen_k > 0 && aligned(p.q) &&
+         aligned(p.k) && aligned(p.v) && aligned(p.dout) && strides(p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&
+         strides(p.k_batch_stride, p.k_row_stride, p.k_head_stride) &&
+         strides(p.v_batch_stride, p.v_row_stride, p.v_head_stride) &&
+         strides(p.do_batch_stride, p.do_row_stride, p.do_head_stride);
 }
 
 cudaError_t run_flash_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {

@@ -11,7 +11,9 @@
 
 namespace flashext {
 
-// Whether these params are ones version 0 takes (the rest: cudaErrorInvalidValue from the run).
+// Whether these params are ones version 0 takes (the rest: cudaErrorInvalidValue from the run):
+// the scope above, seqlen_q and seqlen_k > 0, and q, k, v, dout 16-byte aligned with strides of
+// whole 16-byte chunks (its TMA maps).
 bool flash_bwd_sm90_takes(const FlashBwdParams& params);
 
 cudaError_t run_flash_bwd_sm90(const FlashBwdParams& params, void* workspace, cudaStream_t stream);
