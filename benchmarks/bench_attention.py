@@ -11,7 +11,8 @@ fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2
         rounds whose order is balanced (each follows each other equally often); median round.
 train   forward + backward and the backward alone, TFLOP/s (forward 4·B·H·S²·D, backward 2.5× that,
         halved when causal), same grid as fwd: flashext, its Triton twin, SDPA's flash and cuDNN
-        backends and SDPA with no backend chosen (what a training script gets). Gradients are
+        backends and SDPA with no backend chosen (what a training script gets), and on sm_90 at
+        D = 128 flashext_sm90 (flash_attention's forward with the Hopper backward alone). Gradients are
         checked first against flashext.reference.attention_backward on one (batch, head) slice.
 memory  peak extra memory of one forward, and of forward + backward, at B = H = 1, D = 128, fp16:
         flashext against SDPA's math backend (which materialises the S × S scores) and, for the
@@ -143,12 +144,34 @@ def train_implementations():
     def sdpa_default(q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-    return {
+    impls = {
         "flashext": (lambda q, k, v, causal: flashext.flash_attention(q, k, v, causal=causal), "bshd"),
         "sdpa_flash": (sdpa_backend(SDPBackend.FLASH_ATTENTION), "bhsd"),
         "sdpa_cudnn": (sdpa_backend(SDPBackend.CUDNN_ATTENTION), "bhsd"),
         "sdpa_default": (sdpa_default, "bhsd"),
     }
+    if attention._hopper_forward_available():  # the Hopper backward alone (D = 128 only; refused elsewhere)
+        impls["flashext_sm90"] = (HopperBackward.apply, "bshd")
+    return impls
+
+
+class HopperBackward(torch.autograd.Function):
+    """flash_attention's forward, then the Hopper backward's version 0 (not flash_attention's
+    backward yet): the column flashext_sm90 of the train section."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        if q.shape[-1] != 128:
+            raise ValueError(f"the Hopper backward takes head dim 128, got {q.shape[-1]}")
+        out, lse = flashext.flash_attention(q, k, v, causal=causal, return_lse=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal = causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        return (*attention._flash_attention_backward_sm90(dout, q, k, v, out, lse, causal=ctx.causal), None)
 
 
 def section_train(rows, quick: bool):

@@ -56,6 +56,15 @@ def _flash_attention_sm90(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     return _ops._flash_attn_fwd_sm90(q, k, v, causal, softmax_scale, window_size[0], window_size[1], softcap)
 
 
+def _flash_attention_backward_sm90(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                                   causal: bool = False,
+                                   softmax_scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) by the Hopper backward's version 0 alone: D = 128, dense, full or causal, from
+    the forward's out and lse, on an sm_90 GPU with an sm_90a build (flash_attention's backward
+    does not use it yet). For its tests and bench_attention; not a public API."""
+    return _ops._flash_attn_bwd_sm90(dout, q, k, v, out, lse, causal, softmax_scale)
+
+
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
                     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, return_lse: bool = False,
                     deterministic: bool = False):

@@ -1,5 +1,6 @@
 """The Hopper forward (csrc/kernels/attention/flash_fwd_sm90.cu) through its private op
-flashext::_flash_attn_fwd_sm90, against the reference by DESIGN.md's rule: D = 64, 128 and 256,
+flashext::_flash_attn_fwd_sm90, and the Hopper backward's version 0 (flash_bwd_sm90.cu) through
+flashext::_flash_attn_bwd_sm90 (D = 128, dense, full or causal), against the reference by DESIGN.md's rule: D = 64, 128 and 256,
 dense, fp16 / bf16, every mask and option (flash_attention and flash_attention_varlen dispatch to
 it at D = 128, where the whole attention suite runs on it too; the C++ test covers varlen at
 every D).
@@ -9,7 +10,9 @@ reason; the shape and argument checks run on meta tensors everywhere."""
 import pytest
 import torch
 
-from flashext import attention
+import flashext
+from flashext import attention, reference as ref
+from flashext.testing import GRADIENT_FACTOR, assert_close
 from tests.helpers import HALF_DTYPES as DTYPES, HALF_IDS as DTYPE_IDS, at_offset, check_attention, make_qkv
 
 requires_hopper = pytest.mark.skipif(not attention._hopper_forward_available(),
@@ -82,3 +85,44 @@ def test_meta_shapes_and_checks():
         attend(*make_qkv(1, 8, 8, 2, 2, 96, torch.float16, device="meta"))
     with pytest.raises(RuntimeError, match=r"flashext._flash_attn_fwd_sm90: the number of query heads"):
         attend(*make_qkv(1, 8, 8, 3, 2, 128, torch.float16, device="meta"))
+
+
+# ---- the Hopper backward, version 0 ------------------------------------------------------------
+
+
+def check_backward(q, k, v, causal=False):
+    """_flash_attn_bwd_sm90's (dq, dk, dv) from flash_attention's out and lse, against the float64
+    reference by the gradient rule."""
+    out, lse = flashext.flash_attention(q, k, v, causal=causal, return_lse=True)
+    dout = torch.randn_like(q)
+    got = attention._flash_attention_backward_sm90(dout, q, k, v, out, lse, causal=causal)
+    want = ref.attention_backward(dout, q, k, v, causal=causal)
+    base = ref.attention_backward(dout, q, k, v, causal=causal, compute_dtype=q.dtype)
+    for name, g, w, b, t in zip(("dq", "dk", "dv"), got, want, base, (q, k, v)):
+        assert g.shape == t.shape and g.dtype == t.dtype, name
+        assert_close(f"sm90 {name} {tuple(q.shape)} {tuple(k.shape)} causal={causal}", g, w, b, factor=GRADIENT_FACTOR)
+
+
+@requires_hopper
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1, 300), (64, 128), (113, 203), (300, 257), (255, 1), (1024, 1024)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_backward_against_the_reference(dtype, causal, seqlen_q, seqlen_k):
+    for batch, heads_kv in ((1, 4), (2, 2), (2, 1)):
+        check_backward(*make_qkv(batch, seqlen_q, seqlen_k, 4, heads_kv, 128, dtype), causal=causal)
+
+
+@requires_hopper
+def test_backward_refusals_name_the_function():
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.float16)
+    out, lse = flashext.flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(RuntimeError, match=r"flashext._flash_attn_bwd_sm90: head dim must be 128, got 64"):
+        attention._flash_attention_backward_sm90(torch.randn_like(q), q, k, v, out, lse)
+
+
+def test_backward_meta_shapes():
+    q, k, v = make_qkv(2, 33, 45, 4, 2, 128, torch.float16, device="meta")
+    out = torch.empty_like(q)
+    lse = torch.empty(2, 4, 33, device="meta")
+    dq, dk, dv = attention._flash_attention_backward_sm90(torch.empty_like(q), q, k, v, out, lse, causal=True)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and dq.device.type == "meta"

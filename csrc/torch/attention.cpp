@@ -18,6 +18,7 @@
 
 #include "common.h"
 #include "flashext/attention.h"
+#include "../kernels/attention/flash_bwd_sm90.h"
 #include "../kernels/attention/flash_fwd_sm90.h"
 
 namespace flashext_torch {
@@ -29,6 +30,7 @@ constexpr const char* kFlashBwd = "flashext.flash_attention (backward)";
 constexpr const char* kFlashVarlenBwd = "flashext.flash_attention_varlen (backward)";
 constexpr const char* kBlockSparse = "flashext.block_sparse_attention";
 constexpr const char* kSm90 = "flashext._flash_attn_fwd_sm90";
+constexpr const char* kSm90Bwd = "flashext._flash_attn_bwd_sm90";
 
 
 // The grid is (query blocks, heads, batch): gridDim.y and gridDim.z stop at 65535.
@@ -393,7 +395,7 @@ void run_backward(const char* fn, const at::Tensor& dout_in, const at::Tensor& q
                   const std::optional<at::Tensor>& dlse_in, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
                   bool causal, std::optional<double> softmax_scale, int64_t window_left, int64_t window_right,
                   double softcap, int64_t seqlen_q, int64_t seqlen_k, const at::Tensor* cu_seqlens_q,
-                  const at::Tensor* cu_seqlens_k, bool align_top_left, bool deterministic) {
+                  const at::Tensor* cu_seqlens_k, bool align_top_left, bool deterministic, bool sm90 = false) {
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
   const at::Tensor dout = grad_rows(dout_in), out = aligned_rows(out_in);
@@ -418,7 +420,13 @@ void run_backward(const char* fn, const at::Tensor& dout_in, const at::Tensor& q
            " KiB); above head dim 128 the backward needs 145 KiB, as on A100 and H100");
   const int64_t bytes = int64_t(flashext::flash_bwd_workspace_bytes(p));
   const at::Tensor workspace = at::empty({bytes}, dq.options().dtype(at::kByte));
-  check_launch(fn, flashext::run_flash_bwd(p, workspace.data_ptr(), current_stream(dq)));
+  if (sm90) {
+    FX_CHECK(flashext::flash_bwd_sm90_takes(p), fn, ": these inputs are outside the Hopper backward's version 0 "
+             "(D = 128, dense, full or causal, 16-byte aligned rows)");
+    check_launch(fn, flashext::run_flash_bwd_sm90(p, workspace.data_ptr(), current_stream(dq)));
+  } else {
+    check_launch(fn, flashext::run_flash_bwd(p, workspace.data_ptr(), current_stream(dq)));
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd(
@@ -439,6 +447,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd(
   run_backward(kFlashBwd, dout_in, q_in, k_in, v_in, out_in, lse_in, dlse_in, dq, dk, dv, causal, softmax_scale,
                window_left, window_right, softcap, q_in.size(1), k_in.size(1), nullptr, nullptr, align_top_left,
                deterministic);
+  return {dq, dk, dv};
+}
+
+// The Hopper backward by itself (flash_bwd_sm90.h), for its tests and the benchmark until
+// flash_attention's backward dispatches to it: D = 128, dense, full or causal, on an sm_90 GPU with
+// a build holding sm_90a code.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd_sm90(const at::Tensor& dout_in, const at::Tensor& q_in,
+                                                                   const at::Tensor& k_in, const at::Tensor& v_in,
+                                                                   const at::Tensor& out_in, const at::Tensor& lse_in,
+                                                                   bool causal, std::optional<double> softmax_scale) {
+  check_qkv(kSm90Bwd, q_in, k_in, v_in, 4);
+  check_options(kSm90Bwd, softmax_scale, -1, -1, 0.0);
+  const std::array<c10::SymInt, 3> lse_shape{q_in.sym_size(0), q_in.sym_size(2), q_in.sym_size(1)};
+  check_grad_inputs(kSm90Bwd, q_in, dout_in, out_in, lse_in, std::nullopt, lse_shape);
+  FX_CHECK(q_in.sym_size(-1) == 128, kSm90Bwd, ": head dim must be 128, got ", q_in.sym_size(-1));
+  FX_CHECK(q_in.sym_size(1) > 0 && k_in.sym_size(1) > 0, kSm90Bwd,
+           ": arguments 'q' and 'k' must hold at least one row each, got shapes ", q_in.sym_sizes(), " and ",
+           k_in.sym_sizes());
+  at::Tensor dq = output_like(q_in, false, false);
+  at::Tensor dk = output_like(k_in, false, false);
+  at::Tensor dv = output_like(v_in, false, false);
+  if (is_meta(q_in) || q_in.numel() == 0) return {dq, dk.zero_(), dv.zero_()};
+  int major = 0, minor = 0;
+  device_capability(q_in.get_device(), &major, &minor);
+  FX_CHECK(flashext::flash_fwd_sm90_supported(major, minor), kSm90Bwd, ": needs an sm_90 GPU and a build with ",
+           "sm_90a code; this is compute capability ", major, ".", minor, " and the build holds '",
+           flashext::compiled_cuda_archs(), "'");
+  FX_CHECK(!has_zero_strides(q_in) && !has_zero_strides(k_in) && !has_zero_strides(v_in), kSm90Bwd,
+           ": broadcast (zero-stride) views are not supported (flash_attention takes them)");
+  run_backward(kSm90Bwd, dout_in, q_in, k_in, v_in, out_in, lse_in, std::nullopt, dq, dk, dv, causal, softmax_scale,
+               -1, -1, 0.0, q_in.size(1), k_in.size(1), nullptr, nullptr, false, false, /*sm90=*/true);
   return {dq, dk, dv};
 }
 
@@ -473,6 +512,7 @@ void register_attention_impls(torch::Library& m) {
   m.impl("flash_attn_varlen_bwd", &flash_attn_varlen_bwd);
   m.impl("flash_attn_block_sparse_fwd", &flash_attn_block_sparse_fwd);
   m.impl("_flash_attn_fwd_sm90", &flash_attn_fwd_sm90);
+  m.impl("_flash_attn_bwd_sm90", &flash_attn_bwd_sm90);
 }
 
 }  // namespace
