@@ -3,7 +3,7 @@
 #
 #   scripts/gpu.sh [STEP ...]   STEP: setup build main pytest ctest sanitize install ptx bench
 #                               bench_attention bench_decode bench_models train_gpt serve_gpt hf_llama ab profile
-#                               profile_gelu profile_train
+#                               profile_gelu profile_train context_parallel
 #                               (default: setup main pytest ctest sanitize install)
 #   setup     the README's install command (scripts/setup.sh: the editable no-build-isolation
 #             install a new user runs); build: the same extension built in place (setup.py)
@@ -19,6 +19,8 @@
 #             A B ... A B ... (narrow it with FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to
 #             $OUT/{a1,b1,...,a2,b2,...}.json, for benchmarks/compare_ab.py; FLASHEXT_AB_BENCH=decode
 #             runs bench_decode --only ${BENCH_AB_SECTION:-decode} instead (compared against sdpa_cudnn)
+#   context_parallel  two GPUs or more (the nvidia-h200-x2 kind): tests/test_distributed.py (the ring
+#             under NCCL), benchmarks/bench_context_parallel.py and the train_gpt_cp example
 #   pytest_each  pytest once per test file, each in its own process (a fault in one file cannot
 #             fail the others), FLASHEXT_PYTEST_JOBS at a time (default 4; logs in $OUT/pytest/),
 #             FLASHEXT_PYTEST_TIMEOUT seconds each (default 300); the ptx step runs its tests so too
@@ -276,6 +278,9 @@ for step in "${steps[@]}"; do
     profile_gelu) run_step profile_gelu profile_gelu ;;
     install) run_step "install (non-editable, from /tmp)" install ;;
     ptx) run_step "ptx (compute_80 only) pytest" ptx ;;
+    context_parallel) run_step "context parallel (ring attention over the GPUs)" bash -c \
+      "$PY -m pytest -q -p no:cacheprovider tests/test_distributed.py && $PY benchmarks/bench_context_parallel.py \
+      --out $OUT && $PY -m flashext.examples.train_gpt_cp --out $OUT" ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac
 done

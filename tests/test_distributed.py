@@ -77,6 +77,36 @@ def _worker(rank, world, port):
         dist.destroy_process_group()
 
 
+def _gpu_worker(rank, world, port):
+    """The ring under NCCL, a GPU per rank: against single-GPU flash_attention on the whole sequence
+    (the forward and backward tolerance rules, with the reference as the measure)."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    try:
+        for causal in (False, True):
+            case = (2, 2048, 8, 2, 128, causal, 0.0)
+            q, k, v, dout = _inputs(case, dtype=torch.bfloat16, device=f"cuda:{rank}")
+            shard = lambda t: cp.zigzag_shard(t, rank, world).requires_grad_()  # noqa: E731
+            ql, kl, vl = shard(q), shard(k), shard(v)
+            out = cp.ring_attention(ql, kl, vl, causal=causal)
+            grads = torch.autograd.grad(out, (ql, kl, vl), cp.zigzag_shard(dout, rank, world))
+            gathered = [cp.zigzag_gather(t.detach()) for t in (out, *grads)]
+            if rank == 0:
+                _check_against_reference(f"NCCL ring W={world} causal={causal}", q, k, v, dout, gathered[0],
+                                         gathered[1:], causal, 0.0)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2 or not dist.is_nccl_available(), reason="needs two CUDA GPUs and NCCL")
+def test_ring_on_two_gpus_with_nccl():
+    for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        os.environ.setdefault(name, "0" if name == "NCCL_NVLS_ENABLE" else "1")  # no NVLink multicast
+    mp.spawn(_gpu_worker, args=(2, _free_port()), nprocs=2, join=True)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
