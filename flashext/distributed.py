@@ -220,21 +220,29 @@ class _RingAttention(torch.autograd.Function):
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = torch.stack([k, v]).contiguous()
-        dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)  # the held block's [dk, dv]
+        # The held block's [dk, dv] go on with it. This step's share is computed into a fresh
+        # buffer while the ranks before have the block's sum so far in flight; it arrives and is
+        # added after the kernel, then the sum is passed on. After the last step it reaches the
+        # block's owner.
+        received = None
         for step in range(ring.size):
             last = step + 1 == ring.size
             if not last:
                 incoming, kv_requests = ring.pass_on(kv)
+            dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)
             _backward_step(dout, q, kv[0], kv[1], out, lse, ring.rank, (ring.rank - step) % ring.size, ctx.causal,
                            ctx.scale, ctx.softcap, dq, dkv)
-            # the block's gradients go on with it; after the last step they reach the block's owner
-            dkv_in, dkv_requests = ring.pass_on(dkv)
-            _wait(dkv_requests)
-            dkv = dkv_in
+            if received is not None:
+                _wait(dkv_requests)
+                dkv += received
+            if ring.size == 1:  # (a ring of one: the block is its own)
+                return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
+            received, dkv_requests = ring.pass_on(dkv)
             if not last:
                 _wait(kv_requests)
                 kv = incoming
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
+        _wait(dkv_requests)
+        return dq.to(q.dtype), received[0].to(k.dtype), received[1].to(v.dtype), None, None, None, None
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, causal: bool, window_size: tuple[int, int]) -> None:

@@ -114,7 +114,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed without gloo")
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_ring_on_cpu_with_gloo(world):
     mp.spawn(_worker, args=(world, _free_port()), nprocs=world, join=True)
 
