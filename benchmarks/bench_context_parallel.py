@@ -5,8 +5,8 @@
 One sequence (B = 1, 16 heads, D = 128, bf16), causal and not, forward + backward: flashext's
 ring_attention on zigzag shards, a process per GPU under NCCL; flashext.flash_attention on the whole
 sequence on one GPU (rank 0; "out of memory" where it does not fit); PyTorch's context-parallel
-SDPA (torch.distributed.tensor.experimental.context_parallel, its default ring over the same
-GPUs), where this torch has it. The ring's output is compared with the one-GPU output (the largest
+SDPA (torch.distributed.tensor.experimental.context_parallel over the same GPUs, its K/V rotated
+ring-wise: set_rotate_method("alltoall")), where this torch has it. The ring's output is compared with the one-GPU output (the largest
 difference goes into the JSON), then each is timed: the median of several fwd + bwd calls, every
 rank in step (a barrier before each). Prints speed-ups (time of one GPU / time of the ring; the bar is 1.8 at S >= 256K on two)
 and writes context_parallel.json to $OUT (or benchmarks/results). NVLink multicast stays off.
@@ -98,10 +98,14 @@ def worker(rank: int, world: int, port: int, seqlens: list[int], out_dir: str) -
             try:
                 from torch.distributed.device_mesh import init_device_mesh
                 from torch.distributed.tensor.experimental import context_parallel
+                from torch.distributed.tensor.experimental._attention import set_rotate_method
 
+                set_rotate_method("alltoall")
                 mesh = init_device_mesh("cuda", (world,))
                 qt, kt, vt, dt = (t.transpose(1, 2).contiguous() for t in full)
-                with context_parallel(mesh, buffers=[qt, kt, vt, dt], buffer_seq_dims=[2, 2, 2, 2]):
+                # (its buffers come back resized after the block, which tensors that need grad refuse)
+                with context_parallel(mesh, buffers=[qt, kt, vt, dt], buffer_seq_dims=[2, 2, 2, 2],
+                                      no_restore_buffers={qt, kt, vt, dt}):
                     qt.requires_grad_(), kt.requires_grad_(), vt.requires_grad_()
                     sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
                     ms = timed(fwd_bwd(sdpa, qt, kt, vt, dt), barrier)
@@ -120,6 +124,7 @@ def worker(rank: int, world: int, port: int, seqlens: list[int], out_dir: str) -
         from benchmarks.common import run_metadata
 
         payload = {"meta": {**run_metadata(), "world": world}, "rows": rows}
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
         path = Path(out_dir) / "context_parallel.json"
         path.write_text(json.dumps(payload, indent=1))
         print(f"wrote {path}")

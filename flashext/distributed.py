@@ -72,6 +72,11 @@ def zigzag_gather(x: Tensor, group: dist.ProcessGroup | None = None, dim: int = 
 # ---- one block's kernels -----------------------------------------------------------------------
 
 
+def _cpu_dtype(q: Tensor) -> torch.dtype:
+    """The precision of the sums (and of the reference on CPU): float64 for float64 inputs, else float32."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 def _block_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, softcap: float) -> tuple[Tensor, Tensor]:
     """(out fp32, lse) of q against one key block."""
     if q.is_cuda:
@@ -80,7 +85,7 @@ def _block_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, 
         out, lse = flash_attention(q, k, v, causal=causal, softmax_scale=scale, softcap=softcap, return_lse=True)
         return out.float(), lse
     out, lse = ref.attention(q, k, v, causal=causal, softmax_scale=scale, softcap=softcap, return_lse=True,
-                             compute_dtype=torch.float32)
+                             compute_dtype=_cpu_dtype(q))
     return out, lse
 
 
@@ -92,7 +97,7 @@ def _merge(out: Tensor | None, lse: Tensor | None, o_b: Tensor, lse_b: Tensor) -
 
         return merge_attention_states(out.contiguous(), lse.contiguous(), o_b.contiguous(), lse_b.contiguous())
     o, merged = ref.merge_attention_states(out, lse, o_b, lse_b)
-    return o.float(), merged.float()
+    return o.to(out.dtype), merged.float()
 
 
 def _block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
@@ -102,22 +107,23 @@ def _block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     if q.is_cuda:
         from .attention import _ops
 
-        dq, dk, dv = _ops.flash_attn_bwd(dout, q, k, v, out, lse, None, causal, scale, -1, -1, softcap, False, False,
-                                         False)
+        dq, dk, dv = _ops.flash_attn_bwd(dout, q, k, v, out, lse, None, causal, scale, -1, -1, softcap, False,
+                                         torch.are_deterministic_algorithms_enabled(), False)
         return dq.float(), dk.float(), dv.float()
     # The reference's backward of the block alone, rescaled to the whole row: with the block's own
     # (o_b, lse_b) and w = exp(lse_b − lse), P = w · P_b, so feeding dout · w and dlse = w ·
     # (rowsum(dO ∘ o_b) − D) into its dS = P_b ∘ (dP − rowsum(P_b ∘ dP) + dlse) gives P ∘ (dP − D).
     o_b, lse_b = ref.attention(q, k, v, causal=causal, softmax_scale=scale, softcap=softcap, return_lse=True,
-                               compute_dtype=torch.float32)
-    w = torch.where(lse_b == -math.inf, torch.zeros_like(lse_b), torch.exp(lse_b - lse))  # (B, H, S)
+                               compute_dtype=_cpu_dtype(q))
+    dtype = _cpu_dtype(q)
+    w = torch.where(lse_b == -math.inf, torch.zeros_like(lse_b), torch.exp(lse_b - lse)).to(dtype)  # (B, H, S)
     w_rows = w.transpose(1, 2).unsqueeze(-1)  # (B, S, H, 1)
-    d_all = (dout.float() * out.float()).sum(-1)  # (B, S, H)
-    d_block = (dout.float() * o_b).sum(-1)
+    d_all = (dout.to(dtype) * out.to(dtype)).sum(-1)  # (B, S, H)
+    d_block = (dout.to(dtype) * o_b).sum(-1)
     dlse = (w.transpose(1, 2) * (d_block - d_all)).transpose(1, 2)
-    dq, dk, dv = ref.attention_backward(dout.float() * w_rows, q, k, v, causal=causal, softmax_scale=scale,
-                                        softcap=softcap, dlse=dlse, compute_dtype=torch.float32)
-    return dq.float(), dk.float(), dv.float()
+    dq, dk, dv = ref.attention_backward(dout.to(dtype) * w_rows, q, k, v, causal=causal, softmax_scale=scale,
+                                        softcap=softcap, dlse=dlse, compute_dtype=_cpu_dtype(q))
+    return dq, dk, dv
 
 
 # ---- the steps of the ring -----------------------------------------------------------------------
@@ -218,7 +224,7 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         ring = _Ring(ctx.group)
         dout = dout.contiguous()
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dq = torch.zeros(q.shape, dtype=_cpu_dtype(q), device=q.device)
         kv = torch.stack([k, v]).contiguous()
         # The held block's [dk, dv] go on with it. This step's share is computed into a fresh
         # buffer while the ranks before have the block's sum so far in flight; it arrives and is
@@ -229,7 +235,7 @@ class _RingAttention(torch.autograd.Function):
             last = step + 1 == ring.size
             if not last:
                 incoming, kv_requests = ring.pass_on(kv)
-            dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)
+            dkv = torch.zeros(kv.shape, dtype=_cpu_dtype(q), device=q.device)
             _backward_step(dout, q, kv[0], kv[1], out, lse, ring.rank, (ring.rank - step) % ring.size, ctx.causal,
                            ctx.scale, ctx.softcap, dq, dkv)
             if received is not None:
@@ -271,7 +277,9 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup | N
     ranks hold: q (B, S / W, H, D), k and v (B, S / W, Hkv, D), every rank the same shapes; with
     causal=True the shards must be zigzag_shard's. Returns this rank's rows of the output, (B, S /
     W, H, D); differentiable (the gradients of this rank's q, k and v). Every rank of the group
-    must call it (collective)."""
+    must call it (collective). A rank's place in the ring, and so its shard, is its rank in the
+    group, dist.get_rank(group) (new_group sorts the ranks it is given). The backward honours
+    torch.use_deterministic_algorithms."""
     _check(q, k, v, causal, window_size)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     return _RingAttention.apply(q, k, v, group, causal, scale, float(softcap))
@@ -296,8 +304,8 @@ def simulate_ring(qs: list[Tensor], ks: list[Tensor], vs: list[Tensor], causal: 
     outs = [o.to(q.dtype) for o, q in zip(outs, qs)]
     if douts is None:
         return outs, None
-    dqs = [torch.zeros(q.shape, dtype=torch.float32, device=q.device) for q in qs]
-    dkvs = [torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device) for k in ks]  # by source rank
+    dqs = [torch.zeros(q.shape, dtype=_cpu_dtype(q), device=q.device) for q in qs]
+    dkvs = [torch.zeros((2, *k.shape), dtype=_cpu_dtype(k), device=k.device) for k in ks]  # by source rank
     for step in range(world):
         for rank in range(world):
             source = (rank - step) % world
