@@ -77,6 +77,61 @@ def _worker(rank, world, port):
         dist.destroy_process_group()
 
 
+class _TinyCpModel(torch.nn.Module):
+    """qkv projection, ring attention over the group's shards, output projection."""
+
+    def __init__(self, width=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x):  # (B, S / W, width), this rank's zigzag rows
+        b, s, w = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, w // self.heads).unbind(2)
+        return self.out(cp.ring_attention(q, k, v, causal=True).reshape(b, s, w))
+
+
+def _ddp_worker(rank, world, port):
+    """ring_attention inside a DistributedDataParallel model and under torch.compile: the same
+    loss and parameter gradients as the model run on the whole sequence in one process."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = _TinyCpModel()
+        x = torch.randn(2, 24, 32)
+        target = torch.randn(2, 24, 32)
+
+        def whole_sequence_reference():  # the same model, attention by the reference on every row
+            q, k, v = model.qkv(x).view(2, 24, 3, 4, 8).unbind(2)
+            y = model.out(ref.attention(q, k, v, causal=True, compute_dtype=torch.float32).reshape(2, 24, 32))
+            loss = ((y - target) ** 2).mean()
+            return loss, torch.autograd.grad(loss, list(model.parameters()))
+
+        want_loss, want_grads = whole_sequence_reference()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        for forward in (ddp, torch.compile(ddp)):
+            ddp.zero_grad()
+            y = forward(cp.zigzag_shard(x, rank, world))
+            # the mean over every row: DDP averages the ranks' gradients, so each takes its rows' mean
+            loss = ((y - cp.zigzag_shard(target, rank, world)) ** 2).mean()
+            loss.backward()
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            torch.testing.assert_close(total / world, want_loss.detach(), rtol=1e-5, atol=1e-6)
+            for p, w in zip(model.parameters(), want_grads):
+                torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-6)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed without gloo")
+def test_ring_inside_ddp_and_compile():
+    mp.spawn(_ddp_worker, args=(2, _free_port()), nprocs=2, join=True)
+
+
 def _gpu_worker(rank, world, port):
     """The ring under NCCL, a GPU per rank: against single-GPU flash_attention on the whole sequence
     (the forward and backward tolerance rules, with the reference as the measure)."""
