@@ -142,10 +142,9 @@ def _forward_step(q: Tensor, k: Tensor, v: Tensor, rank: int, source: int, causa
     if source < rank:  # both query chunks see the block's first chunk
         return _merge(out, lse, *_block_forward(q, k[:, :half], v[:, :half], False, scale, softcap))
     # source > rank: the second query chunk sees the whole block (the first one's rows are set by step 0)
+    # (out and lse are this ring's own running result: updated in place)
     o_b, lse_b = _block_forward(q[:, half:], k, v, False, scale, softcap)
-    o_half, lse_half = _merge(out[:, half:], lse[:, :, half:], o_b, lse_b)
-    out, lse = out.clone(), lse.clone()
-    out[:, half:], lse[:, :, half:] = o_half, lse_half
+    out[:, half:], lse[:, :, half:] = _merge(out[:, half:], lse[:, :, half:], o_b, lse_b)
     return out, lse
 
 

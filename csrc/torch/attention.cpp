@@ -272,9 +272,21 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   return {out, lse};
 }
 
-// The Hopper forward by itself (flash_fwd_sm90.h), for its tests and the benchmark: flash_attention
-// dispatches to it at D = 128; D = 64 and 256 run here only until they are measured. Dense, on an
-// sm_90 GPU with a build holding sm_90a code; q, k, v get the TMA's alignment (16-byte rows) by a copy.
+// The Hopper kernels' private ops: an sm_90 GPU with a build holding sm_90a code, and no
+// broadcast (zero-stride) views, which their TMA maps cannot describe.
+void check_hopper_call(const char* fn, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  int major = 0, minor = 0;
+  device_capability(q.get_device(), &major, &minor);
+  FX_CHECK(flashext::flash_fwd_sm90_supported(major, minor), fn, ": needs an sm_90 GPU and a build with sm_90a ",
+           "code; this is compute capability ", major, ".", minor, " and the build holds '",
+           flashext::compiled_cuda_archs(), "'");
+  FX_CHECK(!has_zero_strides(q) && !has_zero_strides(k) && !has_zero_strides(v), fn,
+           ": broadcast (zero-stride) views are not supported (flash_attention takes them)");
+}
+
+// The Hopper forward by itself (flash_fwd_sm90.h), for its tests and the benchmark at every head dim
+// it takes (flash_attention dispatches to it where hopper_forward_wins). Dense, on an sm_90 GPU with
+// a build holding sm_90a code; q, k, v get the TMA's alignment (16-byte rows) by a copy.
 std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, const at::Tensor& k_in,
                                                        const at::Tensor& v_in, bool causal,
                                                        std::optional<double> softmax_scale, int64_t window_left,
@@ -290,13 +302,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, c
                                     q_in.options().dtype(at::kFloat));
   if (is_meta(q_in) || out.numel() == 0) return {out, lse};
   const c10::cuda::CUDAGuard guard(q_in.device());
-  int major = 0, minor = 0;
-  device_capability(q_in.get_device(), &major, &minor);
-  FX_CHECK(flashext::flash_fwd_sm90_supported(major, minor), kSm90, ": needs an sm_90 GPU and a build with sm_90a ",
-           "code; this is compute capability ", major, ".", minor, " and the build holds '",
-           flashext::compiled_cuda_archs(), "'");
-  FX_CHECK(!has_zero_strides(q_in) && !has_zero_strides(k_in) && !has_zero_strides(v_in), kSm90,
-           ": broadcast (zero-stride) views are not supported (flash_attention takes them)");
+  check_hopper_call(kSm90, q_in, k_in, v_in);
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, q.size(1), k.size(1));
@@ -469,13 +475,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd_sm90(const at::Ten
   at::Tensor dk = output_like(k_in, false, false);
   at::Tensor dv = output_like(v_in, false, false);
   if (is_meta(q_in) || q_in.numel() == 0) return {dq, dk.zero_(), dv.zero_()};
-  int major = 0, minor = 0;
-  device_capability(q_in.get_device(), &major, &minor);
-  FX_CHECK(flashext::flash_fwd_sm90_supported(major, minor), kSm90Bwd, ": needs an sm_90 GPU and a build with ",
-           "sm_90a code; this is compute capability ", major, ".", minor, " and the build holds '",
-           flashext::compiled_cuda_archs(), "'");
-  FX_CHECK(!has_zero_strides(q_in) && !has_zero_strides(k_in) && !has_zero_strides(v_in), kSm90Bwd,
-           ": broadcast (zero-stride) views are not supported (flash_attention takes them)");
+  check_hopper_call(kSm90Bwd, q_in, k_in, v_in);
   run_backward(kSm90Bwd, dout_in, q_in, k_in, v_in, out_in, lse_in, std::nullopt, dq, dk, dv, causal, softmax_scale,
                -1, -1, 0.0, q_in.size(1), k_in.size(1), nullptr, nullptr, false, false, /*sm90=*/true);
   return {dq, dk, dv};

@@ -22,7 +22,7 @@ TORCH_LIBRARY(flashext, m) {
       "flash_attn_fwd(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
       "int window_left=-1, int window_right=-1, float softcap=0.0, bool align_top_left=False, "
       "bool deterministic=False, bool like_inputs=False) -> (Tensor, Tensor)");
-  // the Hopper forward before it becomes flash_attn_fwd's kernel (D = 128, dense, sm_90a builds)
+  // the Hopper forward alone (D = 64, 128, 256, dense, sm_90a builds; flash_attn_fwd dispatches to it)
   m.def(
       "_flash_attn_fwd_sm90(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
       "int window_left=-1, int window_right=-1, float softcap=0.0) -> (Tensor, Tensor)");

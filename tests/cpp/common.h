@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "flashext/common.h"
@@ -21,11 +22,24 @@ inline bool has_device() {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
+// Whether the library's Hopper (sm_90a) kernels run here: an sm_90 GPU and a build holding sm_90a code.
+inline bool has_sm90() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0 && std::string(flashext::compiled_cuda_archs()).find("sm_90a") != std::string::npos;
+}
+
 }  // namespace flashext_test
 
 // First statement of a GPU test: skips it, with the reason, when no CUDA device is present.
 #define FX_SKIP_WITHOUT_GPU() \
   if (!::flashext_test::has_device()) GTEST_SKIP() << "no CUDA device"
+
+// After FX_SKIP_WITHOUT_GPU, in a test of the Hopper kernels: skips it elsewhere, with the reason.
+#define FX_SKIP_WITHOUT_SM90() \
+  if (!::flashext_test::has_sm90()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code"
 
 // A CUDA runtime call that must succeed; on failure the test fails with the call and the error's
 // name (ASSERT_: and returns from the enclosing void function).

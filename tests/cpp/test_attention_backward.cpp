@@ -248,12 +248,7 @@ TYPED_TEST(FlashBwdKernel, AgainstCpuReference) {
 // build holding sm_90a code.
 TYPED_TEST(FlashBwdKernel, Sm90AgainstCpuReference) {
   FX_SKIP_WITHOUT_GPU();
-  int device = 0, major = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (major != 9 || std::string(flashext::compiled_cuda_archs()).find("sm_90a") == std::string::npos) {
-    GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
-  }
+  FX_SKIP_WITHOUT_SM90();
   const auto hopper = [](Case c) {
     c.sm90 = true;
     return c;

@@ -194,11 +194,6 @@ size_t bwd_workspace_bytes(const FlashBwdParams& p) {
   return size_t(2 * bwd_stats_layout(p).bytes + bwd_accum_bytes<kHeadDim>(p) + bwd_counter_count(p) * 4);
 }
 
-// This sequence's rows (dense batch or packed varlen), clamped as the forward clamps them.
-using BwdSequence = SequenceRows;
-
-FX_DEVICE BwdSequence bwd_sequence(const FlashBwdParams& p, int batch) { return sequence_rows(p, batch); }
-
 // Lanes per (row, head) pair in flash_bwd_preprocess: a lane per 8 elements of the row, rounded up
 // to a power of two, so 32 / that many pairs share a warp (4 at D = 64, 2 at 128, 1 at 256).
 FX_HOST_DEVICE int bwd_preprocess_lanes(int head_dim) {
@@ -259,7 +254,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_bwd_convert_dq(const F
   constexpr int kBlockM = Config::kBlockM, kDqRowTiles = Config::kDqRowTiles, kDqPairs = Config::kDqCols / 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int m0 = blockIdx.x * kBlockM, head = blockIdx.y, batch = blockIdx.z;
-  const BwdSequence seq = bwd_sequence(p, batch);
+  const SequenceRows seq = sequence_rows(p, batch);  // (tiles.cuh: clamped as the forward's)
   if (m0 >= seq.seqlen_q) return;
   const float* tile = bwd_dq_tile<Config>(p, w, bwd_dq_first_tile_row<kBlockM>(p, batch, seq.q_start) + blockIdx.x, head);
   const int row0 = m0 + (warp % Config::kDqRowWarps) * 16 * kDqRowTiles + lane / 4;
@@ -325,7 +320,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   const int dq_row0 = (warp % Config::kDqRowWarps) * 16 * kDqRowTiles;
   const int dq_col0 = (warp / Config::kDqRowWarps) * Config::kDqCols;
   const int n_block = blockIdx.x, kv_head = blockIdx.y, batch = blockIdx.z;
-  const BwdSequence seq = bwd_sequence(p, batch);
+  const SequenceRows seq = sequence_rows(p, batch);  // (tiles.cuh: clamped as the forward's)
   const int n_start = n_block * kBlockN;
   if (n_start >= seq.seqlen_k) return;  // past this sequence (its dk, dv rows do not exist)
   const bool varlen = p.cu_seqlens_q != nullptr;

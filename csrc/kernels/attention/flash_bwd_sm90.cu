@@ -366,20 +366,6 @@ __global__ void __launch_bounds__(128) flash_bwd_sm90_convert_dq(const FlashBwdP
   }
 }
 
-// A (head_dim, heads, rows, batch) map of 16-bit elements with box_rows-row boxes of 64 columns.
-cudaError_t bwd_map(CUtensorMap* out, const void* base, int64_t heads, int64_t rows, int64_t batch,
-                    int64_t row_stride, int64_t head_stride, int64_t batch_stride, uint32_t box_rows) {
-  constexpr int kHeadDim = Sm90BwdConfig::kHeadDim;
-  // A dim of size 1 addresses nothing, but the TMA wants every stride a multiple of 16 bytes.
-  head_stride = heads > 1 ? head_stride : kHeadDim;
-  row_stride = rows > 1 ? row_stride : heads * head_stride;
-  batch_stride = batch > 1 ? batch_stride : rows * row_stride;
-  const uint64_t dims[4] = {uint64_t(kHeadDim), uint64_t(heads), uint64_t(rows), uint64_t(batch)};
-  const uint64_t strides[3] = {uint64_t(head_stride) * 2, uint64_t(row_stride) * 2, uint64_t(batch_stride) * 2};
-  const uint32_t box[4] = {64, 1, box_rows, 1};
-  return make_tma_4d_swizzle128(out, base, dims, strides, box);
-}
-
 template <typename T>
 cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
   using C = Sm90BwdConfig;
@@ -391,14 +377,14 @@ cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream
     FX_RETURN_IF_ERROR(cudaGetLastError());
   }
   Sm90BwdMaps maps;
-  FX_RETURN_IF_ERROR(bwd_map(&maps.q, p.q, p.heads, p.seqlen_q, p.batch, p.q_row_stride, p.q_head_stride,
-                             p.q_batch_stride, C::kBlockM));
-  FX_RETURN_IF_ERROR(bwd_map(&maps.dout, p.dout, p.heads, p.seqlen_q, p.batch, p.do_row_stride, p.do_head_stride,
-                             p.do_batch_stride, C::kBlockM));
-  FX_RETURN_IF_ERROR(bwd_map(&maps.k, p.k, p.heads_kv, p.seqlen_k, p.batch, p.k_row_stride, p.k_head_stride,
-                             p.k_batch_stride, C::kBlockN));
-  FX_RETURN_IF_ERROR(bwd_map(&maps.v, p.v, p.heads_kv, p.seqlen_k, p.batch, p.v_row_stride, p.v_head_stride,
-                             p.v_batch_stride, C::kBlockN));
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.q, p.q, C::kHeadDim, p.heads, p.seqlen_q, p.batch,
+                                            p.q_row_stride, p.q_head_stride, p.q_batch_stride, C::kBlockM));
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dout, p.dout, C::kHeadDim, p.heads, p.seqlen_q, p.batch,
+                                            p.do_row_stride, p.do_head_stride, p.do_batch_stride, C::kBlockM));
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.k, p.k, C::kHeadDim, p.heads_kv, p.seqlen_k, p.batch,
+                                            p.k_row_stride, p.k_head_stride, p.k_batch_stride, C::kBlockN));
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, C::kHeadDim, p.heads_kv, p.seqlen_k, p.batch,
+                                            p.v_row_stride, p.v_head_stride, p.v_batch_stride, C::kBlockN));
   auto kernel = flash_bwd_sm90_kernel<T>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, C::kSmemBytes));
   const dim3 grid(unsigned((p.seqlen_k + C::kBlockN - 1) / C::kBlockN), unsigned(p.heads_kv), unsigned(p.batch));

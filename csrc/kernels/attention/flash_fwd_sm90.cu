@@ -335,28 +335,16 @@ template <typename T, typename Config>
 cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
   constexpr int kHeadDim = Config::kHeadDim;
   Sm90Maps maps;
-  const auto map = [](CUtensorMap* out, const void* base, int64_t heads, int64_t rows, int64_t batch,
-                      int64_t row_stride, int64_t head_stride, int64_t batch_stride, uint32_t box_rows) {
-    // The stride of a dim of size 1 addresses nothing, but the TMA wants every stride a multiple
-    // of 16 bytes: give such dims the dense one.
-    head_stride = heads > 1 ? head_stride : kHeadDim;
-    row_stride = rows > 1 ? row_stride : heads * head_stride;
-    batch_stride = batch > 1 ? batch_stride : rows * row_stride;
-    const uint64_t dims[4] = {uint64_t(kHeadDim), uint64_t(heads), uint64_t(rows), uint64_t(batch)};
-    const uint64_t strides[3] = {uint64_t(head_stride) * 2, uint64_t(row_stride) * 2, uint64_t(batch_stride) * 2};
-    const uint32_t box[4] = {64, 1, box_rows, 1};
-    return make_tma_4d_swizzle128(out, base, dims, strides, box);
-  };
   // Varlen: one batch of all the packed rows.
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t batch = varlen ? 1 : p.batch;
-  FX_RETURN_IF_ERROR(map(&maps.q, p.q, p.heads, rows_q, batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
-                         Config::kBlockM));
-  FX_RETURN_IF_ERROR(map(&maps.k, p.k, p.heads_kv, rows_k, batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
-                         Config::kBlockN));
-  FX_RETURN_IF_ERROR(map(&maps.v, p.v, p.heads_kv, rows_k, batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
-                         Config::kBlockN));
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.q, p.q, kHeadDim, p.heads, rows_q, batch,
+                                            p.q_row_stride, p.q_head_stride, p.q_batch_stride, Config::kBlockM));
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.k, p.k, kHeadDim, p.heads_kv, rows_k, batch,
+                                            p.k_row_stride, p.k_head_stride, p.k_batch_stride, Config::kBlockN));
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, kHeadDim, p.heads_kv, rows_k, batch,
+                                            p.v_row_stride, p.v_head_stride, p.v_batch_stride, Config::kBlockN));
   auto kernel = flash_fwd_sm90_kernel<T, Config>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const dim3 grid(unsigned((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM), unsigned(p.heads),
