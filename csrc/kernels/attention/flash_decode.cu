@@ -5,8 +5,9 @@
 // (query position i, query head g of the KV head's group) pairs, r = i · group + g, so the group's
 // heads share every K/V tile (a cached byte is read once per KV head and row block: once, for
 // decode). Each block walks the key tiles of its split, [split · split_keys, ... + split_keys)
-// ∩ [0, cache_seqlens[b] + seqlen_new), tiles gathered row by row through the page table
-// (load_rows; the table read a tile ahead), in a cp.async pipeline of kStages buffers: the FA2 loop of
+// ∩ [0, cache_seqlens[b] + seqlen_new), tiles copied from a base per tile (dense caches, pages of
+// whole tiles) or row by row through the page table (smaller pages; the table read a tile
+// ahead), in a cp.async pipeline of kStages buffers: the FA2 loop of
 // flash_fwd_kernel.cuh with one m16 row tile per warp, where warps with no real rows only copy;
 // or, when every row fits one m16 tile (decode), each warp takes a 16-key slab of every tile for
 // those rows, and the 4 warps' softmax states merge at the end.
@@ -100,6 +101,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
   if (p.window_left >= 0) n_lo = max(n_lo, (i_first + diag - p.window_left) / kBlockN * kBlockN);
   if (p.window_right >= 0) n_hi = min(n_hi, i_last + diag + p.window_right + 1);
   const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
+  // Keys every real row of the block sees: tiles inside [mask_free_lo, mask_free_hi) skip the mask
+  // (rows past the block's (query, head) pairs are never written, whatever they see).
+  const int mask_free_hi = p.window_right < 0 ? n_hi : min(n_hi, i_first + diag + p.window_right + 1);
+  const int mask_free_lo = p.window_left < 0 ? 0 : i_last + diag - p.window_left;
 
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k_cache);
@@ -110,40 +115,75 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
     return q + int64_t(b) * p.q_batch_stride + int64_t(i) * p.q_row_stride +
            int64_t(kv_head * group + row % group) * p.q_head_stride;
   };
-  // Paged caches: the (page, row in page) of each K/V row this thread copies, for the next tile to
-  // load, read from the table one tile ahead so that its latency hides under a tile's math instead
-  // of holding up the tile's copies. Page ids are clamped into the cache.
+  // K/V copies: this thread copies 16-byte chunk `chunk` of rows copy_row0 + i · kCopyStep of each
+  // tile (i < kCopyRows). Where a tile's rows are consecutive cache rows (dense caches, or pages of
+  // whole tiles: tiles start at multiples of kBlockN), a base per tile and a pointer step per row;
+  // with smaller pages, each row's (page, row in page), from the table read a tile ahead so that
+  // its latency hides under a tile's math. Page ids are clamped into the cache.
   constexpr int kCopyRows = kBlockN / (Config::kThreads / Config::kChunks), kCopyStep = kBlockN / kCopyRows;
-  const int copy_row0 = threadIdx.x / Config::kChunks;
+  const int copy_row0 = threadIdx.x / Config::kChunks, chunk = threadIdx.x % Config::kChunks;
+  const bool chunk_valid = chunk * 8 < p.head_dim;
+  const uint32_t copy_dst0 = 2 * swizzled<kHeadDim>(copy_row0, chunk);  // bytes into a tile
   const bool paged = p.block_table != nullptr;
-  // t / page_size and t % page_size by a multiply (the run-time division costs ~20 instructions a
-  // row, and every thread splits kCopyRows rows per tile); the magic numbers once per thread.
+  const bool whole_pages = !paged || p.page_size % kBlockN == 0;
+  const T* k_thread = k + int64_t(kv_head) * p.k_head_stride + chunk * 8 + (paged ? 0 : int64_t(b) * p.k_page_stride);
+  const T* v_thread = v + int64_t(kv_head) * p.v_head_stride + chunk * 8 + (paged ? 0 : int64_t(b) * p.v_page_stride);
+  const int64_t k_step = int64_t(kCopyStep) * p.k_row_stride, v_step = int64_t(kCopyStep) * p.v_row_stride;
+  const int32_t* table = paged ? p.block_table + int64_t(b) * p.block_table_stride : nullptr;
+  // t / page_size and t % page_size by a multiply (a run-time division costs ~20 instructions); the
+  // magic numbers once per thread.
   const FastDivmod page_div(paged ? p.page_size : 1);
-  int page[kCopyRows], page_row[kCopyRows];
+  int page[kCopyRows], page_row[kCopyRows];  // pages of whole tiles: [0], the tile's first row
   const auto fetch_pages = [&](int n) {
     if (!paged) return;
+    if (whole_pages) {
+      int slot;
+      page_div.divmod(n, slot, page_row[0]);
+      page[0] = table[slot];  // (clamped where used: nothing waits on this load until then)
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kCopyRows; ++i) {
       const int t = min(n + copy_row0 + i * kCopyStep, n_hi - 1);  // (rows past the range: not copied)
       int slot;
       page_div.divmod(t, slot, page_row[i]);
-      // (clamped where used: nothing waits on this load until then)
-      page[i] = p.block_table[int64_t(b) * p.block_table_stride + slot];
+      page[i] = table[slot];
     }
   };
-  const auto kv_row = [&](int t, int i, int64_t page_stride, int64_t row_stride) {
-    return paged ? int64_t(min(max(page[i], 0), p.num_pages - 1)) * page_stride + int64_t(page_row[i]) * row_stride
-                 : int64_t(b) * page_stride + int64_t(t) * row_stride;
+  const auto page_offset = [&](int id, int64_t page_stride) {
+    return int64_t(min(max(id, 0), p.num_pages - 1)) * page_stride;
+  };
+  // One tile of K or V (base: this thread's column of the head; rows past n_hi zero-filled, their
+  // copies pointed at the cache's start).
+  const auto copy_tile = [&](uint32_t dst0, int n, const T* base, int64_t page_stride, int64_t row_stride,
+                             int64_t step, const T* cache) {
+    const auto dst = [&](int i) {
+      return (dst0 ^ uint32_t(((i * kCopyStep) & 7) << 4)) + uint32_t(2 * i * kCopyStep * kHeadDim);
+    };
+    const auto valid = [&](int i) { return chunk_valid && n + copy_row0 + i * kCopyStep < n_hi; };
+    if (whole_pages) {
+      const T* src = base + (paged ? page_offset(page[0], page_stride) + int64_t(page_row[0] + copy_row0) * row_stride
+                                   : int64_t(n + copy_row0) * row_stride);
+      if (chunk_valid && n + kBlockN <= n_hi) {  // every row in range (all but a split's last tile)
+#pragma unroll
+        for (int i = 0; i < kCopyRows; ++i, src += step) ptx::cp_async_16(dst(i), src, 16);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kCopyRows; ++i, src += step) ptx::cp_async_16(dst(i), valid(i) ? src : cache, valid(i) ? 16 : 0);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kCopyRows; ++i) {
+        const T* src = base + page_offset(page[i], page_stride) + int64_t(page_row[i]) * row_stride;
+        ptx::cp_async_16(dst(i), valid(i) ? src : cache, valid(i) ? 16 : 0);
+      }
+    }
   };
   const auto load_kv = [&](int buffer, int n) {
-    load_rows<Config, kBlockN>(smem_k + buffer * Config::kTileKV, [&](int r, int i) -> const T* {
-      return n + r < n_hi ? k + kv_row(n + r, i, p.k_page_stride, p.k_row_stride) + kv_head * p.k_head_stride
-                          : nullptr;
-    }, p.head_dim, k);
-    load_rows<Config, kBlockN>(smem_v + buffer * Config::kTileKV, [&](int r, int i) -> const T* {
-      return n + r < n_hi ? v + kv_row(n + r, i, p.v_page_stride, p.v_row_stride) + kv_head * p.v_head_stride
-                          : nullptr;
-    }, p.head_dim, v);
+    copy_tile(ptx::smem_addr(smem_k + buffer * Config::kTileKV) + copy_dst0, n, k_thread, p.k_page_stride,
+              p.k_row_stride, k_step, k);
+    copy_tile(ptx::smem_addr(smem_v + buffer * Config::kTileKV) + copy_dst0, n, v_thread, p.v_page_stride,
+              p.v_row_stride, v_step, v);
   };
 
   const bool softcap_on = p.softcap > 0.0f;
@@ -191,7 +231,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
 
   // One tile's math for this warp's rows over kSlabs 16-key slabs from slab0: S = Q Kᵀ, mask,
   // online softmax, O += P V.
-  const auto tile_math = [&](auto slabs, int buffer, int n_start) {
+  const auto tile_math = [&](auto slabs, int buffer, int n_start, bool masked) {
     constexpr int kSlabs = decltype(slabs)::value, kTiles = 2 * kSlabs;
     const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
     const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
@@ -218,18 +258,21 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] = p.softcap * tanhf(s[j][e] * cap_scale);
     }
-    // Mask: keys past the range, and per row the causal / window bounds of its query position.
+    // Mask (tiles that need it): keys past the range, and per row the causal / window bounds of
+    // its query position.
+    if (masked) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = row_query[r];
-      const int right = min(n_hi, p.window_right < 0 ? n_hi : i + diag + p.window_right + 1);
-      const int left = p.window_left < 0 ? 0 : i + diag - p.window_left;
+      for (int r = 0; r < 2; ++r) {
+        const int i = row_query[r];
+        const int right = min(n_hi, p.window_right < 0 ? n_hi : i + diag + p.window_right + 1);
+        const int left = p.window_left < 0 ? 0 : i + diag - p.window_left;
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
+        for (int j = 0; j < kTiles; ++j) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = key0 + 8 * j + 2 * quad + e;
-          if (key >= right || key < left) s[j][2 * r + e] = -INFINITY;
+          for (int e = 0; e < 2; ++e) {
+            const int key = key0 + 8 * j + 2 * quad + e;
+            if (key >= right || key < left) s[j][2 * r + e] = -INFINITY;
+          }
         }
       }
     }
@@ -257,12 +300,15 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
       row_sum[r] = row_sum[r] * alpha[r] + tile_sum;
       row_max[r] = new_max;
     }
+    // Past the first tiles most raise no row's max: every alpha is 1 and O keeps its scale.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int t = 0; t < kDTiles; ++t) {
-      acc_o[t][0] *= alpha[0];
-      acc_o[t][1] *= alpha[0];
-      acc_o[t][2] *= alpha[1];
-      acc_o[t][3] *= alpha[1];
+      for (int t = 0; t < kDTiles; ++t) {
+        acc_o[t][0] *= alpha[0];
+        acc_o[t][1] *= alpha[0];
+        acc_o[t][2] *= alpha[1];
+        acc_o[t][3] *= alpha[1];
+      }
     }
     // O += P V
 #pragma unroll
@@ -286,10 +332,11 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
     ptx::cp_async_commit();
     if (ahead + 1 < num_n_blocks) fetch_pages(n_lo + (ahead + 1) * kBlockN);
     if (!warp_busy) continue;  // (a warp-uniform branch; the loop's barrier stays at its top)
+    const bool masked = n_start < mask_free_lo || n_start + kBlockN > mask_free_hi;
     if (share_keys) {
-      tile_math(std::integral_constant<int, 1>{}, buffer, n_start);
+      tile_math(std::integral_constant<int, 1>{}, buffer, n_start, masked);
     } else {
-      tile_math(std::integral_constant<int, kKeySlabs>{}, buffer, n_start);
+      tile_math(std::integral_constant<int, kKeySlabs>{}, buffer, n_start, masked);
     }
   }
   ptx::cp_async_wait<0>();  // nothing in flight at exit
@@ -333,6 +380,11 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
     }
   }
 
+  // The combine kernel (launched as this grid's programmatic dependent) may start its launch now;
+  // it waits for this whole grid's writes before it reads a partial.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   // Epilogue: this thread's rows; one split writes o and lse, more write fp32 partials.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -374,43 +426,81 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
 }
 
 // o and lse from the splits' partials: lse = log Σ_s e^lse_s, o = Σ_s e^(lse_s − lse) o_s (a split
-// that saw no key has weight 0). One thread per 8 elements of a (batch, query, head) row.
+// that saw no key has lse −inf, weight 0). A block per (batch, query, head) row: warp 0 turns the
+// splits' lse (two per lane) into weights; then thread t sums columns 4 (t mod D/4) + [0, 4) over
+// the splits ≡ t div (D/4) modulo the block's groups, every load in flight at once, and the
+// groups' sums meet in shared memory. (One thread walking every split of its columns in turn,
+// as before, waited a latency per split: 18 µs for 1 × 32K.)
+constexpr int kCombineThreads = 128;
+static_assert(kMaxSplits <= 64, "warp 0 holds two splits' lse per lane");
+
 template <typename T>
-__global__ void __launch_bounds__(256) flash_decode_combine(const FlashDecodeParams p, const float* o_part,
-                                                            const float* lse_part) {
-  const int chunks = p.head_dim / 8;
-  const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (id >= int64_t(p.batch) * p.seqlen_q * p.heads * chunks) return;
-  const int c = int(id % chunks), head = int((id / chunks) % p.heads);
-  const int i = int((id / chunks / p.heads) % p.seqlen_q), b = int(id / chunks / p.heads / p.seqlen_q);
-  const int64_t split_stride = int64_t(p.batch) * p.heads * p.seqlen_q;
-  const float* lse_s = lse_part + (int64_t(b) * p.heads + head) * p.seqlen_q + i;
-  float m = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, lse_s[s * split_stride]);
-  float out[8] = {};
-  float lse = -INFINITY;
-  if (m != -INFINITY) {
-    float sum = 0.0f;
-    for (int s = 0; s < p.num_splits; ++s) sum += expf(lse_s[s * split_stride] - m);
-    lse = m + logf(sum);
-    const int64_t o_split_stride = split_stride * p.head_dim;
-    const float* o_s = o_part + ((int64_t(b) * p.seqlen_q + i) * p.heads + head) * p.head_dim + c * 8;
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float w = expf(lse_s[s * split_stride] - lse);
-      if (w == 0.0f) continue;
-      const float4 lo = reinterpret_cast<const float4*>(o_s + s * o_split_stride)[0];
-      const float4 hi = reinterpret_cast<const float4*>(o_s + s * o_split_stride)[1];
-      out[0] += w * lo.x, out[1] += w * lo.y, out[2] += w * lo.z, out[3] += w * lo.w;
-      out[4] += w * hi.x, out[5] += w * hi.y, out[6] += w * hi.z, out[7] += w * hi.w;
+__global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const FlashDecodeParams p, const float* o_part,
+                                                                        const float* lse_part) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the split grid's partials are all written
+#endif
+  __shared__ float weight[kMaxSplits];
+  __shared__ float row_lse_shared;
+  __shared__ float4 partial[kCombineThreads];
+  const int head = int(blockIdx.x % unsigned(p.heads));
+  const int i = int(blockIdx.x / unsigned(p.heads) % unsigned(p.seqlen_q));
+  const int b = int(blockIdx.x / unsigned(p.heads) / unsigned(p.seqlen_q));
+  const int64_t split_stride = int64_t(p.batch) * p.heads * p.seqlen_q;  // partial rows per split
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const float* lse_s = lse_part + (int64_t(b) * p.heads + head) * p.seqlen_q + i;
+    const float a = lane < p.num_splits ? lse_s[lane * split_stride] : -INFINITY;
+    const float c = lane + 32 < p.num_splits ? lse_s[(lane + 32) * split_stride] : -INFINITY;
+    float m = fmaxf(a, c);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    float lse = -INFINITY;
+    if (__any_sync(0xffffffffu, isnan(a) || isnan(c))) {
+      lse = NAN;  // (fmaxf drops a NaN: a NaN split makes the row NaN, as one split would)
+    } else if (m != -INFINITY) {  // (both warp-uniform)
+      float sum = expf(a - m) + expf(c - m);
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      lse = m + logf(sum);
+    }
+    const bool none = lse == -INFINITY;
+    weight[lane] = none ? 0.0f : expf(a - lse);  // (NaN when lse is)
+    if (lane + 32 < kMaxSplits) weight[lane + 32] = none ? 0.0f : expf(c - lse);
+    if (lane == 0) row_lse_shared = lse;
+  }
+  __syncthreads();
+
+  const int chunks = p.head_dim / 4, groups = kCombineThreads / chunks;
+  const int c = int(threadIdx.x) % chunks, g = int(threadIdx.x) / chunks;
+  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (g < groups) {
+    // every split wrote its rows (zeros where it saw no key), so every load is issued; a split of
+    // weight 0 adds nothing, whatever its partial holds
+    const float4* o_s = reinterpret_cast<const float4*>(o_part + ((int64_t(b) * p.seqlen_q + i) * p.heads + head) *
+                                                                     p.head_dim) + c;
+    const int64_t o_split_stride = split_stride * chunks;  // in float4
+#pragma unroll 8
+    for (int s = g; s < p.num_splits; s += groups) {
+      const float w = weight[s];
+      const float4 x = o_s[s * o_split_stride];
+      if (w != 0.0f) sum.x += w * x.x, sum.y += w * x.y, sum.z += w * x.z, sum.w += w * x.w;
     }
   }
-  Pack<T, 8> packed;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) packed.elem[e] = from_float<T>(out[e]);
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  if (g > 0) return;
+  for (int h = 1; h < groups; ++h) {
+    const float4 x = partial[h * chunks + c];
+    sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
+  }
+  const Pack<T, 4> packed{{from_float<T>(sum.x), from_float<T>(sum.y), from_float<T>(sum.z), from_float<T>(sum.w)}};
   T* o = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
          int64_t(head) * p.o_head_stride;
-  store_pack<T, 8>(o, c, packed);
-  if (p.lse != nullptr && c == 0) p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] = lse;
+  store_pack<T, 4>(o, c, packed);
+  if (p.lse != nullptr && threadIdx.x == 0) {
+    p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] = row_lse_shared;
+  }
 }
 
 template <typename T>
@@ -444,8 +534,20 @@ cudaError_t launch_decode_config(const FlashDecodeParams& p, void* workspace, cu
   kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, o_part, lse_part);
   FX_RETURN_IF_ERROR(cudaGetLastError());
   if (p.num_splits > 1) {
-    const int64_t threads = int64_t(p.batch) * p.seqlen_q * p.heads * (p.head_dim / 8);
-    flash_decode_combine<T><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(p, o_part, lse_part);
+    const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads;  // ≤ 2^31 − 1: run_flash_decode checks
+    // On sm_90+, a programmatic dependent launch: the combine's launch overlaps the split grid's
+    // tail (its griddepcontrol.wait holds its reads until the split grid has finished).
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(rows));
+    config.blockDim = dim3(kCombineThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = current_device_major() >= 9 ? 1 : 0;
+    return cudaLaunchKernelEx(&config, flash_decode_combine<T>, p, static_cast<const float*>(o_part),
+                              static_cast<const float*>(lse_part));
   }
   return cudaGetLastError();
 }
@@ -509,6 +611,9 @@ size_t flash_decode_workspace_bytes(const FlashDecodeParams& p) {
 cudaError_t run_flash_decode(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
   using namespace attention_detail;
   if (!decode_params_ok(p) || (p.num_splits > 1 && workspace == nullptr)) return cudaErrorInvalidValue;
+  if (p.num_splits > 1 && int64_t(p.batch) * p.seqlen_q * p.heads > int64_t(INT32_MAX)) {
+    return cudaErrorInvalidConfiguration;  // the combine's grid: a block per (batch, query, head) row
+  }
   if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;
   return with_16bit_type(p.dtype, cudaErrorInvalidValue, [&](auto type) {
     return with_kernel_head_dim(p.head_dim, cudaErrorInvalidValue, [&](auto dim) {

@@ -34,6 +34,14 @@ int current_device_sm_count() {
   });
 }
 
+int current_device_major() {
+  static PerDeviceValue major;
+  return major.get([](int device) {
+    int value = 0;
+    return cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess ? value : 0;
+  });
+}
+
 int current_device_max_smem_per_block() {
   static PerDeviceValue bytes;
   return bytes.get([](int device) {

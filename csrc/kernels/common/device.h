@@ -36,6 +36,10 @@ class PerDeviceValue {
 // no synchronisation, safe during CUDA-graph capture). Returns 0 when the query fails.
 int current_device_sm_count();
 
+// The current device's compute capability major (9 on H100/H200), cached per device. Returns 0
+// when the query fails.
+int current_device_major();
+
 // The most dynamic shared memory one block of the current device may opt into
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on sm_90, 163 on sm_80, 99 on sm_86/89),
 // cached per device. Returns 0 when the query fails.
