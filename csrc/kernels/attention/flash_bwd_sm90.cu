@@ -9,8 +9,8 @@
 // scale into dq).
 //
 // Main kernel. A CTA per (key block of 128, KV head, batch entry). Warpgroup 0 produces: thread 0
-// issues the TMA loads (K and V once; Q and dO of each query block of 64 into two stages), warp 1
-// copies the block's lse · log2 e and D into the stage. Warpgroups 1 and 2 consume, consumer c
+// issues the TMA loads (K and V once; Q, dO, and the block's lse · log2 e and D by bulk copies, of
+// each query block of 64 into two stages). Warpgroups 1 and 2 consume, consumer c
 // owning keys 64 c + [0, 64) of the block. For every query head of the KV head's group and every
 // query block that sees the key block:
 //   Sᵀ = K_c Qᵀ, dPᵀ = V_c dOᵀ           wgmma m64n64 SS (all four tiles K-major, as TMA wrote them)
@@ -107,8 +107,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* stats = reinterpret_cast<float*>(base + C::kOffStats);  // [stage][lse₂ kBlockM | D kBlockM]
   uint64_t* bars = reinterpret_cast<uint64_t*>(base + C::kOffBars);
   uint64_t* kv_full = bars;
-  uint64_t* full = bars + 1;             // [kStages]: Q, dO (transaction bytes) and the stats (warp 1)
-  uint64_t* empty = bars + 1 + kStages;  // [kStages]: one arrival per consumer warpgroup
+  uint64_t* full = bars + 1;             // [kStages]: Q, dO and the stats (transaction bytes)
+  uint64_t* empty = bars + 1 + kStages;  // [kStages]: one arrival per consumer warp
 
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
   const int kv_head = blockIdx.y, batch = blockIdx.z, group = p.heads / p.heads_kv;
@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     sm90::mbarrier_init(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbarrier_init(&full[s], 1 + 32);  // thread 0's expect_tx, warp 1's 32 lanes
-      sm90::mbarrier_init(&empty[s], 2);
+      sm90::mbarrier_init(&full[s], 1);  // thread 0's expect_tx
+      sm90::mbarrier_init(&empty[s], 8);
     }
     sm90::fence_barrier_init();
   }
@@ -141,27 +141,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       for (int it = 0; it < sched.iterations; ++it) {
         const int stage = it % kStages, head = sched.head(it), m_start = sched.m_block(it) * kBlockM;
+        // The block's statistics rows that exist (the rows are padded to 4 per head: whole 16-byte
+        // chunks); the consumers ignore rows past the sequence.
+        const int64_t at = int64_t(batch) * w.stats_batch_stride + int64_t(head) * w.stats_head_stride + m_start;
+        const uint32_t stats_bytes = 4 * uint32_t(min(int64_t(kBlockM), w.stats_head_stride - m_start));
         if (it >= kStages) sm90::mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
-        sm90::mbarrier_arrive_expect_tx(&full[stage], 2 * C::kTileBytesQ);
+        sm90::mbarrier_arrive_expect_tx(&full[stage], 2 * C::kTileBytesQ + 2 * stats_bytes);
         for (int slab = 0; slab < kSlabs; ++slab) {
           sm90::tma_load_4d(smem_q + stage * C::kTileBytesQ + slab * C::kSlabBytesQ, &maps.q, &full[stage], 64 * slab,
                             head, m_start, batch);
           sm90::tma_load_4d(smem_do + stage * C::kTileBytesQ + slab * C::kSlabBytesQ, &maps.dout, &full[stage],
                             64 * slab, head, m_start, batch);
         }
-      }
-    } else if (warp == 1) {  // the stats: +inf / 0 past the sequence (P = 0 there)
-      for (int it = 0; it < sched.iterations; ++it) {
-        const int stage = it % kStages, m_start = sched.m_block(it) * kBlockM;
-        if (it >= kStages) sm90::mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
-        const int64_t at = int64_t(batch) * w.stats_batch_stride + int64_t(sched.head(it)) * w.stats_head_stride + m_start;
         float* st = stats + stage * C::kStatsFloats;
-        for (int j = lane; j < kBlockM; j += 32) {
-          const bool in = m_start + j < seqlen_q;
-          st[j] = in ? w.lse2[at + j] : INFINITY;
-          st[kBlockM + j] = in ? w.dsum[at + j] : 0.0f;
-        }
-        sm90::mbarrier_arrive(&full[stage]);  // (release: the stores above before the consumers' reads)
+        sm90::bulk_load(st, w.lse2 + at, stats_bytes, &full[stage]);
+        sm90::bulk_load(st + kBlockM, w.dsum + at, stats_bytes, &full[stage]);
       }
     }
     return;
@@ -222,11 +216,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Pᵀ (fp32 for dS, rounded to T for dV) and dSᵀ. Element 4 i + 2 r + e: key key0 + 8 r, query
     // m_start + 8 i + 2 quad + e. The mask only where the block crosses the diagonal or the keys' end.
     const bool masked = (causal && n_start + kBlockN - 1 > m_start + diag) || n_start + kBlockN > seqlen_k;
+    const bool tail = m_start + kBlockM > seqlen_q;
     uint32_t p16[8][2], ds16[8][2];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * quad);
-      const float2 dd = *reinterpret_cast<const float2*>(dsum + 8 * i + 2 * quad);
+      float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * quad);
+      float2 dd = *reinterpret_cast<const float2*>(dsum + 8 * i + 2 * quad);
+      if (tail) {  // rows past the sequence (not copied: whatever the stage held): P = 0, D = 0
+        const int query = m_start + 8 * i + 2 * quad;
+        if (query >= seqlen_q) l2.x = INFINITY, dd.x = 0.0f;
+        if (query + 1 >= seqlen_q) l2.y = INFINITY, dd.y = 0.0f;
+      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float pv[2], dsv[2];
@@ -272,8 +272,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::wgmma_wait<0>();
     sm90::fence_operands(acc_dv);
     sm90::fence_operands(acc_dk);
-    // This stage's Q, dO and stats are read for the last time: the producer may refill it.
-    if (threadIdx.x % 128 == 0) sm90::mbarrier_arrive(&empty[stage]);
+    // This stage's Q, dO and stats are read for the last time: the producer may refill it. Each
+    // warp arrives once its lanes' reads of the stats are done.
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(&empty[stage]);
 
     // dS into shared memory: query j, key 64 c + kl at slab c, row j, 16-byte chunk kl / 8 ^ j % 8
     // (the 128-byte swizzle). Both consumers' halves must be in before either reads them, and the

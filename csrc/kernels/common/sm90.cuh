@@ -108,6 +108,20 @@ FX_DEVICE void tma_load_4d(void* dst, const void* map, uint64_t* bar, int c0, in
 #endif
 }
 
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) of global memory at src into shared
+// memory at dst by the bulk copy engine, completing on `bar` (which must expect them).
+FX_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if FX_SM90_ENABLED
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+#else
+  (void)dst, (void)src, (void)bytes, (void)bar;
+  __trap();
+#endif
+}
+
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy (TMA, wgmma)
 // accesses of them.
 FX_DEVICE void fence_proxy_async() {
