@@ -91,13 +91,20 @@ sanitize() {  # every check runs and prints its verdict; the step fails if any d
     "$@" || failed+=("$label")
   }
   # (the Hopper kernels' tests apart from the portable ones', so that each verdict names its kernels)
-  local tool binary filter
+  local tool binary filter checks=0
   for tool in memcheck racecheck; do
     for binary in ${FLASHEXT_SANITIZE_BINARIES:-test_gelu test_attention test_attention_backward test_kvcache test_sm90}; do
       for filter in '-*Sm90*' '*Sm90*'; do
         [ "$tool" = racecheck ] && [ "$binary" = test_gelu ] && filter='*BiasGelu*'
-        # (a filter that selects no test of this binary: nothing to check)
-        build/cpp/$binary --gtest_list_tests "--gtest_filter=$filter" | grep -q '^  ' || continue
+        # (a filter that selects no test of this binary: nothing to check; a binary that cannot
+        # list its tests fails the step)
+        local listed
+        if ! listed=$(build/cpp/$binary --gtest_list_tests "--gtest_filter=$filter"); then
+          failed+=("$binary: cannot list its tests")
+          continue
+        fi
+        grep -q '^  ' <<<"$listed" || continue
+        checks=$((checks + 1))
         check "$tool $binary $filter" compute-sanitizer --tool $tool --error-exitcode 9 build/cpp/$binary \
           --gtest_brief=1 "--gtest_filter=$filter"
         [ "$binary" = test_gelu ] && break
@@ -113,6 +120,7 @@ sanitize() {  # every check runs and prints its verdict; the step fails if any d
     -k "views and bfloat16 or in_place and float32 or any_start_alignment or huge_logits and float16 or nan \
     or empty or bad_calls or no_key or varlen_rows or packed_views or past_capacity or paged_cache and 257 \
     or merge_edge or special_masks or mask_layouts or random_masks and bfloat16 and 64 and 7"
+  [ "$checks" -gt 0 ] || failed+=("no C++ test checked")
   if [ ${#failed[@]} -gt 0 ]; then
     printf 'sanitize: FAILED: %s\n' "${failed[@]}"
     return 1
