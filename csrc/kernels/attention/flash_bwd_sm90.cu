@@ -418,7 +418,10 @@ bool flash_bwd_sm90_takes(const FlashBwdParams& p) {
 
 cudaError_t run_flash_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
   using namespace attention_detail;
-  if (!flash_bwd_sm90_takes(p) || workspace == nullptr) return cudaErrorInvalidValue;
+  // (the workspace's bulk copies and reductions need 16-byte alignment; the contract is 256)
+  if (!flash_bwd_sm90_takes(p) || workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
+    return cudaErrorInvalidValue;
+  }
   if (p.batch == 0) return cudaSuccess;
   return with_16bit_type(p.dtype, cudaErrorInvalidValue,
                          [&](auto type) { return launch_bwd_sm90<typename decltype(type)::type>(p, workspace, stream); });
