@@ -10,9 +10,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <random>
-#include <string>
 #include <vector>
 
+#include "attention/flash_fwd_sm90.h"
 #include "flashext/common.h"
 
 namespace flashext_test {
@@ -22,13 +22,14 @@ inline bool has_device() {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
-// Whether the library's Hopper (sm_90a) kernels run here: an sm_90 GPU and a build holding sm_90a code.
+// Whether the library's Hopper (sm_90a) kernels run here: its own rule (an sm_90 GPU and a build
+// holding sm_90a code), asked of the current device.
 inline bool has_sm90() {
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major == 9 && minor == 0 && std::string(flashext::compiled_cuda_archs()).find("sm_90a") != std::string::npos;
+  return flashext::flash_fwd_sm90_supported(major, minor);
 }
 
 }  // namespace flashext_test

@@ -81,6 +81,14 @@ struct Sm90BwdMaps {
   CUtensorMap q, k, v, dout;
 };
 
+// dq_accum's 64 × 128 tile of (batch entry, query block, head): the FA2-design backward's tile
+// order (bwd_dq_first_tile_row), row-major inside. The main kernel adds into it, the convert reads it.
+FX_DEVICE float* sm90_dq_tile(const FlashBwdParams& p, const BwdWorkspace& w, int batch, int m_block, int head) {
+  constexpr int kBlockM = Sm90BwdConfig::kBlockM;
+  const int64_t tile_row = bwd_dq_first_tile_row<kBlockM>(p, batch, 0) + m_block;
+  return w.dq_accum + (tile_row * p.heads + head) * (kBlockM * Sm90BwdConfig::kHeadDim);
+}
+
 // The query heads and blocks a CTA visits, in the order producer and consumers share: iteration
 // `it` is head `first_head + it / blocks`, query block `m_first + it % blocks`.
 struct BwdSchedule {
@@ -325,8 +333,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_proxy_async();
     sm90::named_barrier_sync(kBarrierDq, 256);
     if (threadIdx.x == 128) {
-      float* tile = w.dq_accum + ((int64_t(batch) * num_m + m_block) * p.heads + head) * (kBlockM * C::kHeadDim);
-      sm90::bulk_reduce_add_f32(tile, smem_dq, C::kTileBytesDq);
+      sm90::bulk_reduce_add_f32(sm90_dq_tile(p, w, batch, m_block, head), smem_dq, C::kTileBytesDq);
       sm90::bulk_commit_group();
     }
   }
@@ -355,8 +362,7 @@ template <typename T>
 __global__ void __launch_bounds__(128) flash_bwd_sm90_convert_dq(const FlashBwdParams p, const BwdWorkspace w) {
   constexpr int kBlockM = Sm90BwdConfig::kBlockM, kHeadDim = Sm90BwdConfig::kHeadDim;
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const int num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const float* tile = w.dq_accum + ((int64_t(batch) * num_m + m_block) * p.heads + head) * (kBlockM * kHeadDim);
+  const float* tile = sm90_dq_tile(p, w, batch, m_block, head);
   T* dq = static_cast<T*>(p.dq) + int64_t(batch) * p.dq_batch_stride + int64_t(head) * p.dq_head_stride;
   for (int pair = threadIdx.x; pair < kBlockM * kHeadDim / 2; pair += blockDim.x) {
     const int row = pair / (kHeadDim / 2), col = 2 * (pair % (kHeadDim / 2));
@@ -372,12 +378,7 @@ template <typename T>
 cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
   using C = Sm90BwdConfig;
   const BwdWorkspace w = bwd_workspace<C::kHeadDim>(p, workspace);
-  const int64_t pairs = int64_t(p.batch) * p.seqlen_q * p.heads;
-  if (pairs > 0) {
-    const int64_t pairs_per_block = 8 * (32 / bwd_preprocess_lanes(p.head_dim));
-    flash_bwd_preprocess<T><<<unsigned((pairs + pairs_per_block - 1) / pairs_per_block), 256, 0, stream>>>(p, w);
-    FX_RETURN_IF_ERROR(cudaGetLastError());
-  }
+  FX_RETURN_IF_ERROR(launch_bwd_preprocess<T>(p, w, stream));
   Sm90BwdMaps maps;
   FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.q, p.q, C::kHeadDim, p.heads, p.seqlen_q, p.batch,
                                             p.q_row_stride, p.q_head_stride, p.q_batch_stride, C::kBlockM));
