@@ -1,5 +1,6 @@
-// flashext FlashAttention forward on Hopper (sm_90a), version 1: the structure of the plan in
-// docs/notes/attention.md ("Plan for the Hopper forward") without its overlaps yet
+// flashext FlashAttention forward on Hopper (sm_90a), version 2: the structure of the plan in
+// docs/notes/attention.md ("Plan for the Hopper forward") with the overlap inside a warpgroup
+// (block j's softmax while block j - 1's P V runs)
 // (flash_fwd_sm90.h says who calls, checks and times it).
 //
 // D = 64, 128 and 256, dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
@@ -9,7 +10,9 @@
 // S = Q Kᵀ (wgmma SS, m64nN with N the block's keys), the online softmax in registers, O += P V
 // (wgmma RS: P from registers, V read MN-major as stored; n64 or n128 per instruction), then
 // releases the stage. K and V have full barriers of their own (one arrival plus the tile's bytes),
-// so S starts while V still lands; the empty barrier takes one arrival per consumer warpgroup.
+// so S starts while V still lands. K and V have empty barriers of their own too (one arrival per
+// consumer warpgroup): a K stage is free once its S has retired, a V stage once its P V has, and the
+// producer loads V one block behind K, so the next K never waits behind a V release.
 //
 //   D     query × key block   shared memory (Q + 2 × (K + V))     registers per consumer thread
 //   64    128 × 128           16 + 2 · (16 + 16) = 80 KiB          S 64, O 32, P 32
@@ -55,7 +58,7 @@ struct Sm90FwdConfig {
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
   // Q, the K and V stages, 1024 bytes of alignment slack, the barriers
-  static constexpr int kSmemBytes = kTileBytesQ + 2 * kStages * kTileBytesKV + 1024 + 64;
+  static constexpr int kSmemBytes = kTileBytesQ + 2 * kStages * kTileBytesKV + 1024 + 128;
   static_assert(kHeadDim % 64 == 0 && kSmemBytes <= 227 * 1024, "tiles must fit shared memory");
 };
 
@@ -116,7 +119,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* q_full = bars;
   uint64_t* k_full = bars + 1;                // [kStages]
   uint64_t* v_full = bars + 1 + kStages;      // [kStages]
-  uint64_t* empty = bars + 1 + 2 * kStages;  // [kStages]
+  uint64_t* k_empty = bars + 1 + 2 * kStages;  // [kStages]
+  uint64_t* v_empty = bars + 1 + 3 * kStages;  // [kStages]
+  float* pin_word = reinterpret_cast<float*>(bars + 1 + 4 * kStages);  // (never written: see pin_wait)
 
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
@@ -140,7 +145,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&k_full[s], 1);
       sm90::mbarrier_init(&v_full[s], 1);
-      sm90::mbarrier_init(&empty[s], 2);  // one thread of each consumer warpgroup
+      sm90::mbarrier_init(&k_empty[s], 2);  // one thread of each consumer warpgroup
+      sm90::mbarrier_init(&v_empty[s], 2);
     }
     sm90::fence_barrier_init();
   }
@@ -154,21 +160,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::tma_load_4d(reinterpret_cast<unsigned char*>(smem_q) + slab * Config::kSlabBytesQ, &maps.q, q_full,
                           64 * slab, head, int(row_q) + m_start, tma_batch);
       }
-      for (int it = 0; it < num_n_blocks; ++it) {
-        const int stage = it % kStages, n_start = n_lo + it * kBlockN;
-        if (it >= kStages) sm90::mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
-        unsigned char* k_tile = reinterpret_cast<unsigned char*>(smem_k) + stage * kTileBytesKV;
-        unsigned char* v_tile = reinterpret_cast<unsigned char*>(smem_v) + stage * kTileBytesKV;
-        sm90::mbarrier_arrive_expect_tx(&k_full[stage], kTileBytesKV);
+      // Block b's K, then (one block behind) block b - 1's V: each waits only for its own stage's
+      // release (the stage's previous user, kStages blocks earlier).
+      const auto load = [&](const CUtensorMap* map, unsigned char* tiles, uint64_t* full, uint64_t* empty, int b) {
+        const int stage = b % kStages;
+        if (b >= kStages) sm90::mbarrier_wait(&empty[stage], ((b / kStages) & 1) ^ 1);
+        sm90::mbarrier_arrive_expect_tx(&full[stage], kTileBytesKV);
         for (int slab = 0; slab < kSlabs; ++slab) {
-          sm90::tma_load_4d(k_tile + slab * Config::kSlabBytesKV, &maps.k, &k_full[stage], 64 * slab, kv_head,
-                            int(row_k) + n_start, tma_batch);
+          sm90::tma_load_4d(tiles + stage * kTileBytesKV + slab * Config::kSlabBytesKV, map, &full[stage], 64 * slab,
+                            kv_head, int(row_k) + n_lo + b * kBlockN, tma_batch);
         }
-        sm90::mbarrier_arrive_expect_tx(&v_full[stage], kTileBytesKV);
-        for (int slab = 0; slab < kSlabs; ++slab) {
-          sm90::tma_load_4d(v_tile + slab * Config::kSlabBytesKV, &maps.v, &v_full[stage], 64 * slab, kv_head,
-                            int(row_k) + n_start, tma_batch);
-        }
+      };
+      unsigned char* k_tiles = reinterpret_cast<unsigned char*>(smem_k);
+      unsigned char* v_tiles = reinterpret_cast<unsigned char*>(smem_v);
+      load(&maps.k, k_tiles, k_full, k_empty, 0);
+      for (int b = 1; b <= num_n_blocks; ++b) {
+        if (b < num_n_blocks) load(&maps.k, k_tiles, k_full, k_empty, b);
+        load(&maps.v, v_tiles, v_full, v_empty, b - 1);
       }
     }
     return;
@@ -188,7 +196,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int e = 0; e < kHeadDim / 2; ++e) acc_o[e] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-  if (num_n_blocks > 0) sm90::mbarrier_wait(q_full, 0);
   // Q's descriptors: slab s, this warpgroup's 64 rows (64 · 128 bytes in).
   const uint64_t desc_q0 = sm90::smem_descriptor(reinterpret_cast<unsigned char*>(smem_q) + 64 * 128 * c, 16, 1024);
   // Zeroes rows [first, kBlockN) of a landed V tile (every slab; the swizzle moves 16-byte chunks
@@ -203,17 +210,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_proxy_async();
     sm90::named_barrier_sync(3, 256);
   };
-  for (int it = 0; it < num_n_blocks; ++it) {
-    const int stage = it % kStages, n_start = n_lo + it * kBlockN;
-    const int phase = (it / kStages) & 1;
-    sm90::mbarrier_wait(&k_full[stage], phase);
-    const unsigned char* k_tile = reinterpret_cast<const unsigned char*>(smem_k) + stage * kTileBytesKV;
-    const unsigned char* v_tile = reinterpret_cast<const unsigned char*>(smem_v) + stage * kTileBytesKV;
+  // Varlen: block b's V rows past the sequence zeroed once the tile has landed (its last block).
+  const auto guard_v = [&](int stage, int b) {
+    const int n_start = n_lo + b * kBlockN;
+    if (varlen && n_start + kBlockN > seqlen_k) {
+      zero_rows_past(reinterpret_cast<unsigned char*>(smem_v) + stage * kTileBytesKV, seqlen_k - n_start);
+    }
+  };
+  float s[kBlockN / 2];          // S of the key block in hand; its exponentials in place
+  uint32_t p16[kBlockN / 8][2];  // P in 16 bits, [n8 tile][row r] (this thread's column pair), as P V reads it
+  float alpha[2];       // what O must be rescaled by once the P V in flight retires
 
-    // S = Q Kᵀ over the block's keys (rows of every slab); head-dim k16 step kk is slab kk / 4, 32
-    // bytes × (kk % 4) in (descriptor units of 16 bytes).
-    float s[kBlockN / 2];
-    const uint64_t desc_k0 = sm90::smem_descriptor(k_tile, 16, 1024);
+  // S = Q Kᵀ of the stage's K over the block's keys (rows of every slab), issued and committed; a
+  // head-dim k16 step kk is slab kk / 4, 32 bytes × (kk % 4) in (descriptor units of 16 bytes).
+  const auto issue_s = [&](int stage) {
+    const uint64_t desc_k0 =
+        sm90::smem_descriptor(reinterpret_cast<const unsigned char*>(smem_k) + stage * kTileBytesKV, 16, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -222,11 +234,30 @@ __global__ void __launch_bounds__(kThreads, 1)
                           desc_k0 + uint64_t((kk / 4) * (Config::kSlabBytesKV >> 4)) + in_slab, kk > 0);
     }
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(s);
-
-    // Soft-cap, then the mask where the block crosses a boundary. Element 4 i + e: row row0 + 8 ·
-    // (e / 2), key n_start + 8 i + 2 quad + e % 2 (n8 tile i of kBlockN / 8).
+  };
+  // O += P V of the stage's V: key k16 step kk is n8 tiles 2 kk and 2 kk + 1 of P (the A fragment:
+  // rows r, r + 8 × keys 0-7, 8-15); V is MN-major, dims 64 h + [0, 64) in slab h (the
+  // descriptor's leading offset: a slab), a k16 step 16 keys × 128 bytes in. Issued, committed.
+  const auto issue_pv = [&](int stage) {
+    const uint64_t desc_v0 = sm90::smem_descriptor(
+        reinterpret_cast<const unsigned char*>(smem_v) + stage * kTileBytesKV, Config::kSlabBytesKV, 1024);
+    sm90::fence_operands(acc_o);
+#pragma unroll
+    for (int i = 0; i < kBlockN / 8; ++i) sm90::fence_operands(p16[i]);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t a[4] = {p16[2 * kk][0], p16[2 * kk][1], p16[2 * kk + 1][0], p16[2 * kk + 1][1]};
+      pv_step<T, kHeadDim>(acc_o, a, desc_v0 + uint64_t(128 * kk), uint64_t(Config::kSlabBytesKV >> 4));
+    }
+    sm90::wgmma_commit();
+  };
+  // Soft-cap, then the mask where the block crosses a boundary (element 4 i + e: row row0 + 8 ·
+  // (e / 2), key n_start + 8 i + 2 quad + e % 2), then the online softmax per row (its 4 owners
+  // are one lane quad): the new max, alpha, the exponentials in place in S and the row sums (of
+  // fp32 P, as the D = 256 FA2 kernel sums them). It writes only S, so it may run while the
+  // previous block's P V is in flight.
+  const auto softmax = [&](int n_start) {
     if (softcap_on) {  // (a uniform branch around the loop, not one per score)
 #pragma unroll
       for (int e = 0; e < kBlockN / 2; ++e) s[e] = p.softcap * tanhf(s[e] * cap_scale);
@@ -249,10 +280,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
       }
     }
-
-    // Online softmax per row (its 4 owners are one lane quad); P rounded to T and summed as rounded,
-    // so a row's weights add up to 1 whatever the rounding. O is rescaled before P V adds to it.
-    uint32_t p16[kBlockN / 8][2];  // [n8 tile][row r]: the pair of this thread's columns
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float tile_max = -INFINITY;
@@ -261,49 +288,92 @@ __global__ void __launch_bounds__(kThreads, 1)
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[r], tile_max);
-      const float alpha = rescale_factor(row_max[r], new_max, score_scale);
-      const float base_max = safe_row_max(new_max) * score_scale;
+      alpha[r] = rescale_factor(row_max[r], new_max, score_scale);
+      // 2^((s − m) · scale): the max's own weight exactly 1 (fp32 P is summed as is, not as P V
+      // rounds it, so the fold 2^(s · scale − m · scale) would leave a one-key row at 0.9995 for
+      // logits near 1e4; online_softmax.h)
+      const float base_max = safe_row_max(new_max);
       float tile_sum = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) {
-        const uint32_t pair = ptx::pack2<T>(ptx::exp2_approx(fmaf(s[4 * i + 2 * r], score_scale, -base_max)),
-                                            ptx::exp2_approx(fmaf(s[4 * i + 2 * r + 1], score_scale, -base_max)));
-        p16[i][r] = pair;
-        const T* halves = reinterpret_cast<const T*>(&pair);
-        tile_sum += to_float(halves[0]) + to_float(halves[1]);
+      for (int e = 0; e < kBlockN / 4; ++e) {
+        const int idx = 4 * (e / 2) + 2 * r + e % 2;
+        s[idx] = ptx::exp2_approx((s[idx] - base_max) * score_scale);
+        tile_sum += s[idx];
       }
-      row_sum[r] = row_sum[r] * alpha + tile_sum;
+      row_sum[r] = row_sum[r] * alpha[r] + tile_sum;
       row_max[r] = new_max;
-#pragma unroll
-      for (int i = 0; i < kHeadDim / 8; ++i) {
-        acc_o[4 * i + 2 * r] *= alpha;
-        acc_o[4 * i + 2 * r + 1] *= alpha;
-      }
     }
+  };
+  // ptxas schedules wait_group 0 as early as it may, which is above the whole softmax (and the
+  // overlap with the P V is gone), unless a memory instruction earlier in program order holds it:
+  // a shared store of a value made from both rows' final sums, predicated on a comparison that
+  // never holds (the sums are ≥ 0 or NaN, never −1), so nothing is written.
+  const auto pin_wait = [&] {
+    asm volatile("{\n.reg .pred q;\nsetp.eq.f32 q, %1, 0fBF800000;\n@q st.shared.f32 [%0], %1;\n}\n" ::"r"(
+                     sm90::smem_addr(pin_word)),
+                 "f"(row_sum[0] + row_sum[1])
+                 : "memory");
+  };
+  // P to 16 bits (once no P V reads p16) and O to the new max.
+  const auto round_p = [&] {
+#pragma unroll
+    for (int i = 0; i < kBlockN / 8; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) p16[i][r] = ptx::pack2<T>(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]);
+  };
+  const auto rescale_o = [&] {
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i) {
+      acc_o[4 * i] *= alpha[0];
+      acc_o[4 * i + 1] *= alpha[0];
+      acc_o[4 * i + 2] *= alpha[1];
+      acc_o[4 * i + 3] *= alpha[1];
+    }
+  };
+  // A stage's GEMMs of this warpgroup are done (wgmma is collective: every warp issued them).
+  const auto release = [&](uint64_t* empty, int stage) {
+    if (threadIdx.x % 128 == 0) sm90::mbarrier_arrive(&empty[stage]);
+  };
 
-    // O += P V: key k16 step kk is n8 tiles 2 kk and 2 kk + 1 of P (the A fragment: rows r, r + 8
-    // × keys 0-7, 8-15); V is MN-major, dims 64 h + [0, 64) in slab h (the descriptor's leading
-    // offset: a slab), a k16 step 16 keys × 128 bytes in. (The rescaled O and the packed P are
-    // pinned before the fence.)
-    sm90::fence_operands(acc_o);
+  // Block j's S is issued before block j − 1's P V, and its softmax runs while that P V does
+  // (FlashAttention-3's intra-warpgroup overlap): the tensor cores have the next GEMM while the
+  // warpgroup computes exponentials. P is rewritten only once its P V has retired.
+  if (num_n_blocks > 0) {
+    sm90::mbarrier_wait(q_full, 0);
+    sm90::mbarrier_wait(&k_full[0], 0);
+    issue_s(0);
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(s);
+    release(k_empty, 0);
+    softmax(n_lo);
+    round_p();  // (O is 0: nothing to rescale)
+    for (int it = 1; it < num_n_blocks; ++it) {
+      const int stage = it % kStages, prev = (it - 1) % kStages;
+      sm90::mbarrier_wait(&k_full[stage], (it / kStages) & 1);
+      sm90::mbarrier_wait(&v_full[prev], ((it - 1) / kStages) & 1);  // (loaded after block it's K)
+      guard_v(prev, it - 1);
+      issue_s(stage);
+      issue_pv(prev);
+      sm90::wgmma_wait<1>();  // S is in (groups complete in order); P V still runs
+      sm90::fence_operands(s);
+      release(k_empty, stage);  // the producer may load block it + kStages's K now
+      softmax(n_lo + it * kBlockN);
+      pin_wait();
+      sm90::wgmma_wait<0>();
+      sm90::fence_operands(acc_o);
 #pragma unroll
-    for (int i = 0; i < kBlockN / 8; ++i) sm90::fence_operands(p16[i]);
-    sm90::mbarrier_wait(&v_full[stage], phase);
-    if (varlen && n_start + kBlockN > seqlen_k) {  // (uniform: the block's last key block, at most once)
-      zero_rows_past(const_cast<unsigned char*>(v_tile), seqlen_k - n_start);
+      for (int i = 0; i < kBlockN / 8; ++i) sm90::fence_operands(p16[i]);
+      release(v_empty, prev);
+      round_p();
+      rescale_o();
     }
-    const uint64_t desc_v0 = sm90::smem_descriptor(v_tile, Config::kSlabBytesKV, 1024);
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {p16[2 * kk][0], p16[2 * kk][1], p16[2 * kk + 1][0], p16[2 * kk + 1][1]};
-      pv_step<T, kHeadDim>(acc_o, a, desc_v0 + uint64_t(128 * kk), uint64_t(Config::kSlabBytesKV >> 4));
-    }
-    sm90::wgmma_commit();
+    const int last = (num_n_blocks - 1) % kStages;
+    sm90::mbarrier_wait(&v_full[last], ((num_n_blocks - 1) / kStages) & 1);
+    guard_v(last, num_n_blocks - 1);
+    issue_pv(last);
     sm90::wgmma_wait<0>();
     sm90::fence_operands(acc_o);
-    // The warpgroup's GEMMs on this stage are done (wgmma is collective: every warp issued them).
-    if (threadIdx.x % 128 == 0) sm90::mbarrier_arrive(&empty[stage]);
+    release(v_empty, last);
   }
 
   // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse.
