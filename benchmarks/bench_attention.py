@@ -5,8 +5,8 @@
 fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2048 / D) for fp16/bf16,
         D ∈ {64, 128, 256}, causal and not, S = 512 … 16384: flashext, its Triton twin, SDPA's
         flash (FA2), cuDNN and memory-efficient backends, FlexAttention (fp16, D = 128 only:
-        each shape compiles) and, on sm_90, flashext_sm90 (the Hopper kernel alone; flash_attention
-        runs it at D = 128 there). Each implementation is first checked against flashext.reference
+        each shape compiles) and, on sm_90, flashext_sm90 and flashext_fa2 (the Hopper kernel alone
+        and the FA2-design kernel alone; flashext is what flash_attention's dispatch picks). Each implementation is first checked against flashext.reference
         on the last 256 query rows (which see every key) by the tolerance rule, then timed in
         rounds whose order is balanced (each follows each other equally often); median round.
 train   forward + backward and the backward alone, TFLOP/s (forward 4·B·H·S²·D, backward 2.5× that,
@@ -66,9 +66,17 @@ def implementations(dname: str, head_dim: int):
         "sdpa_cudnn": (sdpa_backend(SDPBackend.CUDNN_ATTENTION), "bhsd"),
         "sdpa_mem_efficient": (sdpa_backend(SDPBackend.EFFICIENT_ATTENTION), "bhsd"),
     }
-    if attention._hopper_forward_available():  # the Hopper kernel, not yet dispatched to
+    if attention._hopper_forward_available():  # the Hopper kernel alone, and the FA2-design one alone
         impls["flashext_sm90"] = (lambda q, k, v, causal: attention._flash_attention_sm90(q, k, v, causal=causal)[0],
                                   "bshd")
+
+        def run_fa2(q, k, v, causal):
+            previous = flashext.use_hopper_kernels(False)
+            try:
+                return flashext.flash_attention(q, k, v, causal=causal)
+            finally:
+                flashext.use_hopper_kernels(previous)
+        impls["flashext_fa2"] = (run_fa2, "bshd")
     if dname == "fp16" and head_dim == 128:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -384,8 +392,8 @@ def plot(payload, path):
 
     section = "fwd" if any(r["section"] == "fwd" for r in payload["rows"]) else "train"
     dtype, key = ("fp16", "tflops") if section == "fwd" else ("bf16", "fwd_bwd_tflops")
-    names = (["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_efficient", "flex_attention", "flashext_sm90"]
-             if section == "fwd" else ["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_default"])
+    names = (["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_efficient", "flex_attention", "flashext_sm90",
+              "flashext_fa2"] if section == "fwd" else ["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_default"])
     head_dims = sorted({r["head_dim"] for r in payload["rows"] if r["section"] == section})
     fig, axes = plt.subplots(len(head_dims), 2, figsize=(13, 4 * len(head_dims)), squeeze=False, sharey=True)
     for i, head_dim in enumerate(head_dims):

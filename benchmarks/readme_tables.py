@@ -58,10 +58,12 @@ def attention_tables(payload, summary: bool = False) -> None:
                    for group in [[r for r in softmax if r["dtype"] == dtype]]))
         return
     hopper = any("flashext_sm90" in r for r in fwd)  # the Hopper kernel alone, where the run timed it
-    others = ("sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin") + (("flashext_sm90",) if hopper else ())
+    fa2 = any("flashext_fa2" in r for r in fwd)  # the FA2-design kernel alone
+    others = (("sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin") + (("flashext_sm90",) if hopper else ())
+              + (("flashext_fa2",) if fa2 else ()))
     if fwd:
         table(["dtype", "D", "mask", "S", "flashext TFLOP/s", "SDPA flash", "cuDNN", "FlexAttention", "Triton twin"]
-              + (["Hopper kernel"] if hopper else []),
+              + (["Hopper kernel"] if hopper else []) + (["FA2-design kernel"] if fa2 else []),
               ([r["dtype"], str(r["head_dim"]), "causal" if r["causal"] else "full", str(r["seqlen"]),
                 f"{r['flashext']['tflops']:.0f}",
                 *(f"{r[n]['tflops']:.0f}" if "tflops" in r.get(n, {}) else "n/a" for n in others)] for r in fwd))

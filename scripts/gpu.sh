@@ -30,7 +30,9 @@
 #   TRAIN_GPT_RUNS=3  train_gpt's runs (each eager and compiled, in $OUT/train_gpt_run<i>);
 #             profile_train: torch.profiler on the example's training step (host vs GPU time, top kernels)
 #   FLASHEXT_SANITIZE_BINARIES="test_kvcache"  the C++ test binaries sanitize checks (default: all);
-#             FLASHEXT_SANITIZE_PYTEST=0 leaves out its pytest subset
+#             FLASHEXT_SANITIZE_PYTEST=0 leaves out its pytest subset; FLASHEXT_RACECHECK_ARGS="--racecheck-report
+#             hazard --print-limit 4" adds racecheck options (each hazard's threads and kind);
+#             FLASHEXT_SANITIZE_FILTERS="*Sm90*" the gtest filters (default: the portable tests, then the Hopper ones)
 #   FLASHEXT_PROFILE_BWD=1  profile the backward's main kernels instead of the forward
 #   FLASHEXT_PROFILE_CUDNN=1  SDPA's cuDNN backend's kernels beside them (the Hopper path's anchor)
 #   FLASHEXT_PROFILE_DECODE=1  the decode kernels (split and combine) beside cuDNN's instead
@@ -94,7 +96,9 @@ sanitize() {  # every check runs and prints its verdict; the step fails if any d
   local tool binary filter checks=0
   for tool in memcheck racecheck; do
     for binary in ${FLASHEXT_SANITIZE_BINARIES:-test_gelu test_attention test_attention_backward test_kvcache test_sm90}; do
-      for filter in '-*Sm90*' '*Sm90*'; do
+      local filters
+      read -r -a filters <<<"${FLASHEXT_SANITIZE_FILTERS:-"-*Sm90* *Sm90*"}"  # (read: no glob expansion)
+      for filter in "${filters[@]}"; do
         [ "$tool" = racecheck ] && [ "$binary" = test_gelu ] && filter='*BiasGelu*'
         # (a filter that selects no test of this binary: nothing to check; a binary that cannot
         # list its tests fails the step)
@@ -105,7 +109,9 @@ sanitize() {  # every check runs and prints its verdict; the step fails if any d
         fi
         grep -q '^  ' <<<"$listed" || continue
         checks=$((checks + 1))
-        check "$tool $binary $filter" compute-sanitizer --tool $tool --error-exitcode 9 build/cpp/$binary \
+        local extra=()
+        [ "$tool" = racecheck ] && extra=(${FLASHEXT_RACECHECK_ARGS:-})
+        check "$tool $binary $filter" compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 9 build/cpp/$binary \
           --gtest_brief=1 "--gtest_filter=$filter"
         [ "$binary" = test_gelu ] && break
       done

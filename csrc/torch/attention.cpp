@@ -202,11 +202,11 @@ flashext::FlashFwdParams attention_params(const at::Tensor& q, const at::Tensor&
   return p;
 }
 
-// Where the Hopper forward beats the FA2-design one on the H200 (bench_attention, 4d368a2): at
-// D = 128 and 256 at every length (the FA2 design runs at 0.53-0.88 of it at D = 256), at D = 64
-// from 4K keys (below, the FA2 design's 128 × 128 tiles win by up to 1.19x).
-bool hopper_forward_wins(int head_dim, int seqlen_k) {
-  return head_dim == 128 || head_dim == 256 || (head_dim == 64 && seqlen_k >= 4096);
+// Where the Hopper forward beats the FA2-design one on the H200 (bench_attention, 555e75c): at
+// D = 128 and 256 at every length, at D = 64 from 2K keys, or 1K without a causal mask (below,
+// the FA2 design's 128 × 128 tiles win by up to 1.17x; above, the Hopper kernel by up to 1.14x).
+bool hopper_forward_wins(int head_dim, int seqlen_k, bool causal) {
+  return head_dim == 128 || head_dim == 256 || (head_dim == 64 && seqlen_k >= (causal ? 2048 : 1024));
 }
 
 // The forward of a dense or varlen call: on an sm_90 GPU with an sm_90a build, where
@@ -218,7 +218,7 @@ cudaError_t run_forward(const flashext::FlashFwdParams& p, const at::Tensor& q, 
   int major = 0, minor = 0;
   device_capability(q.get_device(), &major, &minor);
   const bool keys = p.seqlen_k > 0 && (p.cu_seqlens_q == nullptr || (p.total_q > 0 && p.total_k > 0));
-  const bool hopper = hopper_forward_wins(p.head_dim, p.seqlen_k) && keys && !has_zero_strides(q) && !has_zero_strides(k) &&
+  const bool hopper = hopper_forward_wins(p.head_dim, p.seqlen_k, p.window_right == 0) && keys && !has_zero_strides(q) && !has_zero_strides(k) &&
                       !has_zero_strides(v) && flashext::hopper_kernels_enabled() &&
                       flashext::flash_fwd_sm90_supported(major, minor);
   return hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));

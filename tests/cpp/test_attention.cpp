@@ -117,10 +117,13 @@ TEST(MergeAttentionStates, WeightsFromTheLse) {
 }
 
 TEST(FlashDecode, SplitsFromShapesOnly) {
-  // 32 query heads on 8 KV heads, decode: batch 1 x 32K keys fills 132 SMs only with splits.
-  const int one_long = flashext::flash_decode_num_splits(1, 32, 8, 1, 32768, 128, 132);
-  EXPECT_GE(one_long, 16);
-  EXPECT_LE(one_long, 64);
+  // 32 query heads on 8 KV heads, decode: batch 1 x 32K keys fills 132 SMs only with splits; 32
+  // splits of 16 key tiles each in one wave of 256 blocks, where 29 (within 15% of the slots
+  // too) would take 18 tiles a split.
+  EXPECT_EQ(flashext::flash_decode_num_splits(1, 32, 8, 1, 32768, 128, 132), 32);
+  // 48 x 8K: 384 blocks are two waves unsplit; two splits are 768 blocks in three waves of half the
+  // keys each.
+  EXPECT_EQ(flashext::flash_decode_num_splits(48, 32, 8, 1, 8192, 128, 132), 2);
   // 8 x 128K: 64 blocks; 4 splits fill the 264 slots (two blocks per SM) in one wave, where 5
   // would leave a second wave of 56 blocks.
   EXPECT_EQ(flashext::flash_decode_num_splits(8, 32, 8, 1, 131072, 128, 132), 4);

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* bars = reinterpret_cast<uint64_t*>(base + C::kOffBars);
   uint64_t* kv_full = bars;
   uint64_t* full = bars + 1;             // [kStages]: Q, dO and the stats (transaction bytes)
-  uint64_t* empty = bars + 1 + kStages;  // [kStages]: one arrival per consumer warp
+  uint64_t* empty = bars + 1 + kStages;  // [kStages]: one arrival per consumer thread
 
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
   const int kv_head = blockIdx.y, batch = blockIdx.z, group = p.heads / p.heads_kv;
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::mbarrier_init(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&full[s], 1);  // thread 0's expect_tx
-      sm90::mbarrier_init(&empty[s], 8);
+      sm90::mbarrier_init(&empty[s], kThreads - 128);
     }
     sm90::fence_barrier_init();
   }
@@ -276,18 +276,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t a[4] = {ds16[2 * kk][0], ds16[2 * kk][1], ds16[2 * kk + 1][0], ds16[2 * kk + 1][1]};
       sm90::wgmma_m64n128k16_rs<T, 1>(acc_dk, a, desc_q_cols + uint64_t(128 * kk), 1);
     }
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(acc_dv);
-    sm90::fence_operands(acc_dk);
-    // This stage's Q, dO and stats are read for the last time: the producer may refill it. Each
-    // warp arrives once its lanes' reads of the stats are done.
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(&empty[stage]);
+    sm90::wgmma_commit();  // (dV, dK run while dS goes to shared memory and dQ is issued)
 
     // dS into shared memory: query j, key 64 c + kl at slab c, row j, 16-byte chunk kl / 8 ^ j % 8
-    // (the 128-byte swizzle). Both consumers' halves must be in before either reads them, and the
-    // last bulk add must have read the dQ buffer before it is rewritten (its issuer waits first).
+    // (the 128-byte swizzle). The stores only read ds16, which the dK GEMM in flight reads too
+    // (its A registers must not change until it retires; reading them is allowed). Both
+    // consumers' halves must be in before either reads them, and the last bulk add must have
+    // read the dQ buffer before it is rewritten (its issuer waits first).
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
@@ -316,8 +311,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                                      desc_k_cols + uint64_t(128 * kk), kk > 0);
     }
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
+    sm90::wgmma_wait<0>();  // dV, dK and dQ
+    sm90::fence_operands(acc_dv);
+    sm90::fence_operands(acc_dk);
     sm90::fence_operands(dq);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sm90::fence_operands(ds16[i]);
+    // This stage's Q, dO and stats are read for the last time: the producer may refill it. Every
+    // consumer thread arrives: an arrival releases only the arriving thread's own reads (of the
+    // stats, by generic loads), so no thread may arrive for another.
+    sm90::mbarrier_arrive(&empty[stage]);
 
     // dQ (fp32) row-major into shared memory (rows 16 warp + lane / 4 + 8 r, dims 64 c + 8 i + 2
     // quad + e), then one bulk reduce-add of the 64 × 128 tile into dq_accum. (After the barrier both

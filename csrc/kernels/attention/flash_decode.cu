@@ -583,21 +583,23 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
       sm_count <= 0) {
     return 1;
   }
-  (void)head_dim;  // every head dim's block has 64 rows
-  const int64_t row_blocks = (int64_t(heads / heads_kv) * seqlen_q + 63) / 64;
+  const int64_t row_blocks = (int64_t(heads / heads_kv) * seqlen_q + 63) / 64;  // every head dim's block has 64 rows
   const int64_t blocks = int64_t(batch) * heads_kv * row_blocks;
   const int64_t slots = 2 * int64_t(sm_count);  // about two blocks per SM (56-112 KiB of shared memory each)
   const int max_splits = int(std::clamp<int64_t>(capacity / 256, 1, kMaxSplits));  // splits of ≥ 256 keys
-  // The share of the last wave's slots that work, for s splits; the fewest splits within 85% of
-  // the best (as FlashAttention-2 chooses): each split adds fp32 partials and a combine.
-  const auto efficiency = [&](int s) {
-    const double waves = double(blocks * s) / double(slots);
-    return waves / std::ceil(waves);
+  const int64_t block_n = head_dim <= 128 ? DecodeConfig<128>::kBlockN : DecodeConfig<256>::kBlockN;
+  // The time of s splits: waves of blocks × the key tiles of a split, cut as the kernel cuts them
+  // (1 × 32K on 132 SMs: 29 splits take 18 tiles of 64 keys each, 32 splits 16). The fewest splits
+  // within 5% of the cheapest: each split adds fp32 partials and their share of the combine, and
+  // over many waves the model's last-wave rounding is finer than what it predicts.
+  const auto cost = [&](int s) {
+    const int64_t waves = (blocks * s + slots - 1) / slots, split_keys = (int64_t(capacity) + s - 1) / s;
+    return waves * ((split_keys + block_n - 1) / block_n);
   };
-  double best = 0.0;
-  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  int64_t cheapest = cost(1);
+  for (int s = 2; s <= max_splits; ++s) cheapest = std::min(cheapest, cost(s));
   for (int s = 1; s <= max_splits; ++s) {
-    if (efficiency(s) >= 0.85 * best) return s;
+    if (double(cost(s)) <= 1.05 * double(cheapest)) return s;
   }
   return 1;
 }
