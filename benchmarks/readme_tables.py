@@ -30,7 +30,8 @@ def attention_tables(payload, summary: bool = False) -> None:
     print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit `{meta['commit'][:10]}`, "
           f"{meta['date'][:10]}." + (" Forward TFLOP/s = 4·B·H·S²·D (halved when causal) / time; B·S = 16384, "
                                      "H = 2048 / D; ratios are time(anchor) / time(flashext).\n" if fwd else "\n"))
-    anchors = ["sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin", "sdpa_mem_efficient"]
+    anchors = [name for name in ("sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin", "sdpa_mem_efficient",
+                                 "flashext_fa2") if any(name in r for r in fwd)]  # the ones this run measured
 
     def ratio(row, name):
         cell = row.get(name, {})
