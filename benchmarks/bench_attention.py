@@ -9,6 +9,7 @@ fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2
         and the FA2-design kernel alone; flashext is what flash_attention's dispatch picks). Each implementation is first checked against flashext.reference
         on the last 256 query rows (which see every key) by the tolerance rule, then timed in
         rounds whose order is balanced (each follows each other equally often); median round.
+        Beside it, the dense matmul ceiling of each dtype (8192³ a @ b), as rows of section matmul.
 train   forward + backward and the backward alone, TFLOP/s (forward 4·B·H·S²·D, backward 2.5× that,
         halved when causal), same grid as fwd: flashext, its Triton twin, SDPA's flash and cuDNN
         backends and SDPA with no backend chosen (what a training script gets), and on sm_90 at
@@ -105,6 +106,13 @@ def section_fwd(rows, quick: bool):
     for dname, dtype in DTYPES.items():
         if dname not in env("FLASHEXT_BENCH_DTYPES", list(DTYPES)):
             continue
+        # the dense matmul ceiling of this dtype in the same run (ANCHORS.md's 8192³ a @ b)
+        a, b = (torch.randn(8192, 8192, device="cuda").to(dtype) for _ in range(2))
+        ms = bench_ms(lambda: a @ b)
+        rows.append({"section": "matmul", "dtype": dname, "shape": [8192, 8192, 8192], "ms": ms,
+                     "tflops": 2 * 8192**3 / ms / 1e9})
+        print(f"matmul {dname} 8192^3: {rows[-1]['tflops']:.0f} TFLOP/s", flush=True)
+        del a, b
         for head_dim in head_dims:
             heads = 2048 // head_dim
             impls = implementations(dname, head_dim)

@@ -62,11 +62,18 @@ def attention_tables(payload, summary: bool = False) -> None:
     fa2 = any("flashext_fa2" in r for r in fwd)  # the FA2-design kernel alone
     others = (("sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin") + (("flashext_sm90",) if hopper else ())
               + (("flashext_fa2",) if fa2 else ()))
+    matmul = {r["dtype"]: r["tflops"] for r in rows if r["section"] == "matmul"}  # the run's matmul ceilings
+    if matmul:
+        print("Dense matmul (8192³ `a @ b`) in the same run: "
+              + ", ".join(f"{d} {t:.0f} TFLOP/s" for d, t in matmul.items()) + ".\n")
     if fwd:
-        table(["dtype", "D", "mask", "S", "flashext TFLOP/s", "SDPA flash", "cuDNN", "FlexAttention", "Triton twin"]
+        table(["dtype", "D", "mask", "S", "flashext TFLOP/s"] + (["of matmul"] if matmul else [])
+              + ["SDPA flash", "cuDNN", "FlexAttention", "Triton twin"]
               + (["Hopper kernel"] if hopper else []) + (["FA2-design kernel"] if fa2 else []),
               ([r["dtype"], str(r["head_dim"]), "causal" if r["causal"] else "full", str(r["seqlen"]),
                 f"{r['flashext']['tflops']:.0f}",
+                *([f"{r['flashext']['tflops'] / matmul[r['dtype']]:.2f}"] if r["dtype"] in matmul else
+                  (["n/a"] if matmul else [])),
                 *(f"{r[n]['tflops']:.0f}" if "tflops" in r.get(n, {}) else "n/a" for n in others)] for r in fwd))
     memory = [r for r in rows if r["section"] == "memory"]
     if memory:
