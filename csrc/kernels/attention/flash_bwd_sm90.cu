@@ -25,8 +25,8 @@
 //   shared memory: K, V 2 · 32 + Q, dO 2 stages · 2 · 16 + dS 16 + dQ 32 + lse₂, D 1 = 177 KiB
 //   (178 with the barriers and the 1024-byte alignment slack)
 //   registers per consumer thread: dK 64, dV 64, Sᵀ 32, dPᵀ 32, dQ 32 (not all live at once)
-// Every GEMM waits for itself (no overlap yet): the structure first, the schedule after, as the
-// forward went.
+// Schedule: Sᵀ and dPᵀ are issued together and waited for; dV and dK are committed without a
+// wait, and dS goes to shared memory and dQ is issued while they run; one wait retires the three.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
