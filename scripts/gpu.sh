@@ -23,7 +23,7 @@
 #             under NCCL), benchmarks/bench_context_parallel.py and the train_gpt_cp example
 #   pytest_each  pytest once per test file, each in its own process (a fault in one file cannot
 #             fail the others), FLASHEXT_PYTEST_JOBS at a time (default 4; logs in $OUT/pytest/),
-#             FLASHEXT_PYTEST_TIMEOUT seconds each (default 300); the ptx step runs its tests so too
+#             FLASHEXT_PYTEST_TIMEOUT seconds each (default 300; ab's variant tests too); the ptx step runs its tests so too
 #             (and rebuilds the default archs after, unless FLASHEXT_PTX_RESTORE=0)
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
@@ -247,7 +247,7 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
       return 1
     if [ -n "${FLASHEXT_AB_TESTS:-}" ]; then  # each variant's own tests first: a faster wrong kernel is no result
       echo "ab: variant $name (${patches[$i]}) tests:"
-      (cd "$dir" && $PY -m pytest -q -p no:cacheprovider -x $FLASHEXT_AB_TESTS | tail -3) || return 1
+      (cd "$dir" && timeout "${FLASHEXT_PYTEST_TIMEOUT:-300}" $PY -m pytest -q -p no:cacheprovider -x $FLASHEXT_AB_TESTS | tail -3) || return 1
     fi
     names+=("$name")
     dirs+=("$dir")
