@@ -4,7 +4,8 @@
 
 fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2048 / D) for fp16/bf16,
         D ∈ {64, 128, 256}, causal and not, S = 512 … 16384: flashext, its Triton twin, SDPA's
-        flash (FA2), cuDNN and memory-efficient backends, FlexAttention (fp16, D = 128 only:
+        flash (FA2), cuDNN and memory-efficient backends and SDPA with no backend chosen
+        (sdpa_default), FlexAttention (fp16, D = 128 only:
         each shape compiles) and, on sm_90, flashext_sm90 and flashext_fa2 (the Hopper kernel alone
         and the FA2-design kernel alone; flashext is what flash_attention's dispatch picks). Each implementation is first checked against flashext.reference
         on the last 256 query rows (which see every key) by the tolerance rule, then timed in
@@ -66,6 +67,8 @@ def implementations(dname: str, head_dim: int):
         "sdpa_flash": (sdpa_backend(SDPBackend.FLASH_ATTENTION), "bhsd"),
         "sdpa_cudnn": (sdpa_backend(SDPBackend.CUDNN_ATTENTION), "bhsd"),
         "sdpa_mem_efficient": (sdpa_backend(SDPBackend.EFFICIENT_ATTENTION), "bhsd"),
+        # what a user gets with no backend chosen (cuDNN's kernel on an H100/H200)
+        "sdpa_default": (lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal), "bhsd"),
     }
     if attention._hopper_forward_available():  # the Hopper kernel alone, and the FA2-design one alone
         impls["flashext_sm90"] = (lambda q, k, v, causal: attention._flash_attention_sm90(q, k, v, causal=causal)[0],

@@ -30,8 +30,8 @@ def attention_tables(payload, summary: bool = False) -> None:
     print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit `{meta['commit'][:10]}`, "
           f"{meta['date'][:10]}." + (" Forward TFLOP/s = 4·B·H·S²·D (halved when causal) / time; B·S = 16384, "
                                      "H = 2048 / D; ratios are time(anchor) / time(flashext).\n" if fwd else "\n"))
-    anchors = [name for name in ("sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin", "sdpa_mem_efficient",
-                                 "flashext_fa2") if any(name in r for r in fwd)]  # the ones this run measured
+    anchors = [name for name in ("sdpa_flash", "sdpa_cudnn", "sdpa_default", "flex_attention", "triton_twin",
+                                 "sdpa_mem_efficient", "flashext_fa2") if any(name in r for r in fwd)]  # the ones this run measured
 
     def ratio(row, name):
         cell = row.get(name, {})
@@ -60,15 +60,16 @@ def attention_tables(payload, summary: bool = False) -> None:
         return
     hopper = any("flashext_sm90" in r for r in fwd)  # the Hopper kernel alone, where the run timed it
     fa2 = any("flashext_fa2" in r for r in fwd)  # the FA2-design kernel alone
-    others = (("sdpa_flash", "sdpa_cudnn", "flex_attention", "triton_twin") + (("flashext_sm90",) if hopper else ())
-              + (("flashext_fa2",) if fa2 else ()))
+    default = any("sdpa_default" in r for r in fwd)  # SDPA with no backend chosen
+    others = (("sdpa_flash", "sdpa_cudnn") + (("sdpa_default",) if default else ()) + ("flex_attention", "triton_twin")
+              + (("flashext_sm90",) if hopper else ()) + (("flashext_fa2",) if fa2 else ()))
     matmul = {r["dtype"]: r["tflops"] for r in rows if r["section"] == "matmul"}  # the run's matmul ceilings
     if matmul:
         print("Dense matmul (8192³ `a @ b`) in the same run: "
               + ", ".join(f"{d} {t:.0f} TFLOP/s" for d, t in matmul.items()) + ".\n")
     if fwd:
         table(["dtype", "D", "mask", "S", "flashext TFLOP/s"] + (["of matmul"] if matmul else [])
-              + ["SDPA flash", "cuDNN", "FlexAttention", "Triton twin"]
+              + ["SDPA flash", "cuDNN"] + (["SDPA default"] if default else []) + ["FlexAttention", "Triton twin"]
               + (["Hopper kernel"] if hopper else []) + (["FA2-design kernel"] if fa2 else []),
               ([r["dtype"], str(r["head_dim"]), "causal" if r["causal"] else "full", str(r["seqlen"]),
                 f"{r['flashext']['tflops']:.0f}",
