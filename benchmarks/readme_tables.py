@@ -26,7 +26,7 @@ def table(columns: list[str], lines) -> None:
 
 def attention_tables(payload, summary: bool = False) -> None:
     meta, rows = payload["meta"], payload["rows"]
-    fwd = [r for r in rows if r["section"] == "fwd"]
+    fwd = [r for r in rows if r["section"] == "fwd" and "ms" in r.get("flashext", {})]  # (an A/B may time others only)
     print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit `{meta['commit'][:10]}`, "
           f"{meta['date'][:10]}." + (" Forward TFLOP/s = 4·B·H·S²·D (halved when causal) / time; B·S = 16384, "
                                      "H = 2048 / D; ratios are time(anchor) / time(flashext).\n" if fwd else "\n"))

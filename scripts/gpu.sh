@@ -99,7 +99,7 @@ sanitize() {  # every check runs and prints its verdict; the step fails if any d
       local filters
       read -r -a filters <<<"${FLASHEXT_SANITIZE_FILTERS:-"-*Sm90* *Sm90*"}"  # (read: no glob expansion)
       for filter in "${filters[@]}"; do
-        [ "$tool" = racecheck ] && [ "$binary" = test_gelu ] && filter='*BiasGelu*'
+        [ "$tool" = racecheck ] && [ "$binary" = test_gelu ] && [ -z "${FLASHEXT_SANITIZE_FILTERS:-}" ] && filter='*BiasGelu*'
         # (a filter that selects no test of this binary: nothing to check; a binary that cannot
         # list its tests fails the step)
         local listed
@@ -110,7 +110,7 @@ sanitize() {  # every check runs and prints its verdict; the step fails if any d
         grep -q '^  ' <<<"$listed" || continue
         checks=$((checks + 1))
         local extra=()
-        [ "$tool" = racecheck ] && extra=(${FLASHEXT_RACECHECK_ARGS:-})
+        [ "$tool" = racecheck ] && read -r -a extra <<<"${FLASHEXT_RACECHECK_ARGS:-}"  # (read: no glob expansion)
         check "$tool $binary $filter" compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 9 build/cpp/$binary \
           --gtest_brief=1 "--gtest_filter=$filter"
         [ "$binary" = test_gelu ] && break
@@ -247,7 +247,8 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
       return 1
     if [ -n "${FLASHEXT_AB_TESTS:-}" ]; then  # each variant's own tests first: a faster wrong kernel is no result
       echo "ab: variant $name (${patches[$i]}) tests:"
-      (cd "$dir" && timeout "${FLASHEXT_PYTEST_TIMEOUT:-300}" $PY -m pytest -q -p no:cacheprovider -x $FLASHEXT_AB_TESTS | tail -3) || return 1
+      (cd "$dir" && timeout -k 10 "${FLASHEXT_PYTEST_TIMEOUT:-300}" $PY -m pytest -q -p no:cacheprovider -x $FLASHEXT_AB_TESTS |
+        tail -3) || { echo "ab: variant $name's tests failed or ran past ${FLASHEXT_PYTEST_TIMEOUT:-300} s"; return 1; }
     fi
     names+=("$name")
     dirs+=("$dir")

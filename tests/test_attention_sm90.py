@@ -2,8 +2,8 @@
 flashext::_flash_attn_fwd_sm90, and the Hopper backward's version 0 (flash_bwd_sm90.cu) through
 flashext::_flash_attn_bwd_sm90 (D = 128, dense, full or causal), against the reference by DESIGN.md's rule: D = 64, 128 and 256,
 dense, fp16 / bf16, every mask and option (flash_attention and flash_attention_varlen dispatch to
-it at D = 128, where the whole attention suite runs on it too; the C++ test covers varlen at
-every D).
+it at D = 128 and 256 and at long D = 64, where the whole attention suite runs on it too; the C++
+test covers varlen at every D).
 The GPU tests run on an sm_90 GPU with a build holding sm_90a code and skip elsewhere with the
 reason; the shape and argument checks run on meta tensors everywhere."""
 

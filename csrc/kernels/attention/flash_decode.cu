@@ -588,18 +588,23 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
   const int64_t slots = 2 * int64_t(sm_count);  // about two blocks per SM (56-112 KiB of shared memory each)
   const int max_splits = int(std::clamp<int64_t>(capacity / 256, 1, kMaxSplits));  // splits of ≥ 256 keys
   const int64_t block_n = head_dim <= 128 ? DecodeConfig<128>::kBlockN : DecodeConfig<256>::kBlockN;
-  // The time of s splits: waves of blocks × the key tiles of a split, cut as the kernel cuts them
-  // (1 × 32K on 132 SMs: 29 splits take 18 tiles of 64 keys each, 32 splits 16). The fewest splits
-  // within 5% of the cheapest: each split adds fp32 partials and their share of the combine, and
-  // over many waves the model's last-wave rounding is finer than what it predicts.
+  // (two blocks per SM is D = 128's and 256's occupancy; D = 64's blocks would fit four)
+  // The time of s splits: waves of blocks × what a block moves, in key tiles: the tiles of its
+  // split, cut as the kernel cuts them (1 × 32K on 132 SMs: 29 splits take 18 tiles of 64 keys
+  // each, 32 splits 16), and with s > 1 its fp32 partials written and read back by the combine
+  // (rows × D × 4 bytes twice, against 4 · kBlockN · D bytes a tile: 2 · rows / kBlockN tiles).
+  // The fewest splits within 5 % of the cheapest: over many waves the model's last-wave rounding
+  // is finer than what it predicts.
+  const int64_t rows = std::min<int64_t>(64, int64_t(heads / heads_kv) * seqlen_q);
+  const double partial_tiles = 2.0 * double(rows) / double(block_n);
   const auto cost = [&](int s) {
     const int64_t waves = (blocks * s + slots - 1) / slots, split_keys = (int64_t(capacity) + s - 1) / s;
-    return waves * ((split_keys + block_n - 1) / block_n);
+    return double(waves) * (double((split_keys + block_n - 1) / block_n) + (s > 1 ? partial_tiles : 0.0));
   };
-  int64_t cheapest = cost(1);
+  double cheapest = cost(1);
   for (int s = 2; s <= max_splits; ++s) cheapest = std::min(cheapest, cost(s));
   for (int s = 1; s <= max_splits; ++s) {
-    if (double(cost(s)) <= 1.05 * double(cheapest)) return s;
+    if (cost(s) <= 1.05 * cheapest) return s;
   }
   return 1;
 }
