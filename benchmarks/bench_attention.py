@@ -48,6 +48,12 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 CHECK_ROWS = 256
 
 
+def sdpa_default(q, k, v, causal):
+    """F.scaled_dot_product_attention with no backend chosen: what a user gets (cuDNN's kernel on an
+    H100/H200)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
 def sdpa_backend(backend):
     from torch.nn.attention import sdpa_kernel
 
@@ -67,8 +73,7 @@ def implementations(dname: str, head_dim: int):
         "sdpa_flash": (sdpa_backend(SDPBackend.FLASH_ATTENTION), "bhsd"),
         "sdpa_cudnn": (sdpa_backend(SDPBackend.CUDNN_ATTENTION), "bhsd"),
         "sdpa_mem_efficient": (sdpa_backend(SDPBackend.EFFICIENT_ATTENTION), "bhsd"),
-        # what a user gets with no backend chosen (cuDNN's kernel on an H100/H200)
-        "sdpa_default": (lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal), "bhsd"),
+        "sdpa_default": (sdpa_default, "bhsd"),
     }
     if attention._hopper_forward_available():  # the Hopper kernel alone, and the FA2-design one alone
         impls["flashext_sm90"] = (lambda q, k, v, causal: attention._flash_attention_sm90(q, k, v, causal=causal)[0],
@@ -159,9 +164,6 @@ def train_implementations():
     """name -> (forward of (q, k, v, causal) that autograd differentiates, layout, or for the twin,
     (forward, backward) functions called explicitly)."""
     from torch.nn.attention import SDPBackend
-
-    def sdpa_default(q, k, v, causal):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     impls = {
         "flashext": (lambda q, k, v, causal: flashext.flash_attention(q, k, v, causal=causal), "bshd"),

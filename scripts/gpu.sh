@@ -93,11 +93,11 @@ sanitize() {  # every check runs and prints its verdict; the step fails if any d
     "$@" || failed+=("$label")
   }
   # (the Hopper kernels' tests apart from the portable ones', so that each verdict names its kernels)
-  local tool binary filter checks=0
+  local tool binary filter checks=0 filters racecheck_args
+  read -r -a filters <<<"${FLASHEXT_SANITIZE_FILTERS:-"-*Sm90* *Sm90*"}"  # (read: no glob expansion)
+  read -r -a racecheck_args <<<"${FLASHEXT_RACECHECK_ARGS:-}"
   for tool in memcheck racecheck; do
     for binary in ${FLASHEXT_SANITIZE_BINARIES:-test_gelu test_attention test_attention_backward test_kvcache test_sm90}; do
-      local filters
-      read -r -a filters <<<"${FLASHEXT_SANITIZE_FILTERS:-"-*Sm90* *Sm90*"}"  # (read: no glob expansion)
       for filter in "${filters[@]}"; do
         [ "$tool" = racecheck ] && [ "$binary" = test_gelu ] && [ -z "${FLASHEXT_SANITIZE_FILTERS:-}" ] && filter='*BiasGelu*'
         # (a filter that selects no test of this binary: nothing to check; a binary that cannot
@@ -110,7 +110,7 @@ sanitize() {  # every check runs and prints its verdict; the step fails if any d
         grep -q '^  ' <<<"$listed" || continue
         checks=$((checks + 1))
         local extra=()
-        [ "$tool" = racecheck ] && read -r -a extra <<<"${FLASHEXT_RACECHECK_ARGS:-}"  # (read: no glob expansion)
+        [ "$tool" = racecheck ] && extra=("${racecheck_args[@]}")
         check "$tool $binary $filter" compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 9 build/cpp/$binary \
           --gtest_brief=1 "--gtest_filter=$filter"
         [ "$binary" = test_gelu ] && break

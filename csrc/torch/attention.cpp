@@ -219,9 +219,9 @@ cudaError_t run_forward(const flashext::FlashFwdParams& p, const at::Tensor& q, 
   int major = 0, minor = 0;
   device_capability(q.get_device(), &major, &minor);
   const bool keys = p.seqlen_k > 0 && (p.cu_seqlens_q == nullptr || (p.total_q > 0 && p.total_k > 0));
-  const bool hopper = hopper_forward_wins(p.head_dim, p.seqlen_k, p.window_right == 0) && keys && !has_zero_strides(q) && !has_zero_strides(k) &&
-                      !has_zero_strides(v) && flashext::hopper_kernels_enabled() &&
-                      flashext::flash_fwd_sm90_supported(major, minor);
+  const bool hopper = hopper_forward_wins(p.head_dim, p.seqlen_k, p.window_right == 0) && keys &&
+                      !has_zero_strides(q) && !has_zero_strides(k) && !has_zero_strides(v) &&
+                      flashext::hopper_kernels_enabled() && flashext::flash_fwd_sm90_supported(major, minor);
   return hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));
 }
 

@@ -583,7 +583,8 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
       sm_count <= 0) {
     return 1;
   }
-  const int64_t row_blocks = (int64_t(heads / heads_kv) * seqlen_q + 63) / 64;  // every head dim's block has 64 rows
+  constexpr int kBlockM = DecodeConfig<128>::kBlockM;  // (every head dim's block has as many rows)
+  const int64_t row_blocks = (int64_t(heads / heads_kv) * seqlen_q + kBlockM - 1) / kBlockM;
   const int64_t blocks = int64_t(batch) * heads_kv * row_blocks;
   const int64_t slots = 2 * int64_t(sm_count);  // about two blocks per SM (56-112 KiB of shared memory each)
   const int max_splits = int(std::clamp<int64_t>(capacity / 256, 1, kMaxSplits));  // splits of ≥ 256 keys
@@ -595,7 +596,7 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
   // (rows × D × 4 bytes twice, against 4 · kBlockN · D bytes a tile: 2 · rows / kBlockN tiles).
   // The fewest splits within 5 % of the cheapest: over many waves the model's last-wave rounding
   // is finer than what it predicts.
-  const int64_t rows = std::min<int64_t>(64, int64_t(heads / heads_kv) * seqlen_q);
+  const int64_t rows = std::min<int64_t>(kBlockM, int64_t(heads / heads_kv) * seqlen_q);
   const double partial_tiles = 2.0 * double(rows) / double(block_n);
   const auto cost = [&](int s) {
     const int64_t waves = (blocks * s + slots - 1) / slots, split_keys = (int64_t(capacity) + s - 1) / s;
