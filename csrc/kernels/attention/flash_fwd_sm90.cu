@@ -9,15 +9,19 @@
 // with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
 // S = Q Kᵀ (wgmma SS, m64nN with N the block's keys), the online softmax in registers, O += P V
 // (wgmma RS: P from registers, V read MN-major as stored; n64 or n128 per instruction), then
-// releases the stage. K and V have full barriers of their own (one arrival plus the tile's bytes),
+// releases the stage. A CTA walks tiles (query block, head, sequence), the last query blocks of a
+// head first: one tile per CTA for causal, windowed and varlen calls (tiles of unequal work, which
+// the hardware's block scheduler balances), a CTA per SM striding over them otherwise, where the
+// producer loads the next tile's Q (a second buffer where it fits) and first K / V during this
+// tile's last blocks and epilogue. K and V have full barriers of their own (one arrival plus the tile's bytes),
 // so S starts while V still lands. K and V have empty barriers of their own too (one arrival per
 // consumer warpgroup): a K stage is free once its S has retired, a V stage once its P V has, and the
 // producer loads V one block behind K, so the next K never waits behind a V release.
 //
-//   D     query × key block   shared memory (Q + 2 × (K + V))     registers per consumer thread
-//   64    128 × 128           16 + 2 · (16 + 16) = 80 KiB          S 64, O 32, P 32
-//   128   128 × 128           32 + 2 · (32 + 32) = 160 KiB         S 64, O 64, P 32
-//   256   128 × 64            64 + 2 · (32 + 32) = 192 KiB         S 32, O 128, P 16
+//   D     query × key block   shared memory (Q buffers + 2 × (K + V))   registers per consumer thread
+//   64    128 × 128           2 · 16 + 2 · (16 + 16) = 96 KiB          S 64, O 32, P 32
+//   128   128 × 128           2 · 32 + 2 · (32 + 32) = 192 KiB         S 64, O 64, P 32
+//   256   128 × 64            64 + 2 · (32 + 32) = 192 KiB             S 32, O 128, P 16
 // FLOPs per key block and consumer warpgroup: 4 · 64 · N · D (S and P V), 4 MFLOP at D = 128.
 //
 // Varlen: the TMA maps span the packed rows (batch dim 1) and a sequence's tiles start at its
@@ -28,6 +32,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -57,8 +62,10 @@ struct Sm90FwdConfig {
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
+  // Two Q buffers where they fit (the next tile's Q lands during this tile's last blocks), else one
+  static constexpr int kQStages = 2 * kTileBytesQ + 2 * kStages * kTileBytesKV + 1024 + 256 <= 227 * 1024 ? 2 : 1;
   // Q, the K and V stages, 1024 bytes of alignment slack, the barriers
-  static constexpr int kSmemBytes = kTileBytesQ + 2 * kStages * kTileBytesKV + 1024 + 128;
+  static constexpr int kSmemBytes = kQStages * kTileBytesQ + 2 * kStages * kTileBytesKV + 1024 + 256;
   static_assert(kHeadDim % 64 == 0 && kSmemBytes <= 227 * 1024, "tiles must fit shared memory");
 };
 
@@ -108,40 +115,63 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kStages = Config::kStages, kSlabs = Config::kSlabs;
   constexpr int kTileBytesQ = Config::kTileBytesQ, kTileBytesKV = Config::kTileBytesKV;
+  constexpr int kQStages = Config::kQStages;
   extern __shared__ unsigned char smem_raw[];
-  // 1024-byte aligned tiles (the swizzle atom): Q, then K stages, then V stages, then barriers.
+  // 1024-byte aligned tiles (the swizzle atom): Q buffers, then K stages, then V stages, then barriers.
   const uint32_t raw = sm90::smem_addr(smem_raw);
   unsigned char* base = smem_raw + ((1024 - raw % 1024) % 1024);
   T* smem_q = reinterpret_cast<T*>(base);
-  T* smem_k = reinterpret_cast<T*>(base + kTileBytesQ);
-  T* smem_v = reinterpret_cast<T*>(base + kTileBytesQ + kStages * kTileBytesKV);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(base + kTileBytesQ + 2 * kStages * kTileBytesKV);
-  uint64_t* q_full = bars;
-  uint64_t* k_full = bars + 1;                // [kStages]
-  uint64_t* v_full = bars + 1 + kStages;      // [kStages]
-  uint64_t* k_empty = bars + 1 + 2 * kStages;  // [kStages]
-  uint64_t* v_empty = bars + 1 + 3 * kStages;  // [kStages]
-  float* pin_word = reinterpret_cast<float*>(bars + 1 + 4 * kStages);  // (never written: see pin_wait)
+  T* smem_k = reinterpret_cast<T*>(base + kQStages * kTileBytesQ);
+  T* smem_v = reinterpret_cast<T*>(base + kQStages * kTileBytesQ + kStages * kTileBytesKV);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + kQStages * kTileBytesQ + 2 * kStages * kTileBytesKV);
+  uint64_t* q_full = bars;                               // [kQStages]
+  uint64_t* q_empty = bars + kQStages;                   // [kQStages]
+  uint64_t* k_full = bars + 2 * kQStages;                // [kStages]
+  uint64_t* v_full = bars + 2 * kQStages + kStages;      // [kStages]
+  uint64_t* k_empty = bars + 2 * kQStages + 2 * kStages;  // [kStages]
+  uint64_t* v_empty = bars + 2 * kQStages + 3 * kStages;  // [kStages]
+  float* pin_word = reinterpret_cast<float*>(bars + 2 * kQStages + 4 * kStages);  // (never written: see pin_wait)
 
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const int kv_head = head / (p.heads / p.heads_kv);
-  // This sequence's rows (row_q / row_k: its first packed row; tma_batch: the maps' batch index).
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const SequenceRows seq = sequence_rows(p, batch);
-  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k, tma_batch = varlen ? 0 : batch;
-  const int64_t row_q = seq.q_start, row_k = seq.k_start;
-  const int m_start = m_block * kBlockM;
-  if (m_start >= seqlen_q) return;  // the whole block past this sequence (before any barrier)
-  const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;
-  const int m_last = m_start + kBlockM - 1;
-  int n_lo = 0, n_hi = seqlen_k;
-  if (p.window_left >= 0) n_lo = max(0, m_start + diag - p.window_left) / kBlockN * kBlockN;
-  if (p.window_right >= 0) n_hi = min(seqlen_k, m_last + diag + p.window_right + 1);
-  const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
+  // Tiles: t = (head, sequence) · num_m + the query block counted from the last (longest first).
+  const int num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int64_t num_tiles = int64_t(num_m) * p.heads * p.batch;  // (the grid may be smaller: a stride)
+  struct Tile {
+    int head, batch, kv_head, seqlen_q, seqlen_k, m_start, m_last, diag, n_lo, num_n_blocks, tma_batch;
+    int64_t row_q, row_k;
+    bool rows;  // whether the block holds any of its sequence's query rows
+  };
+  const auto tile_at = [&](int64_t t) {
+    Tile x;
+    const int m_block = num_m - 1 - int(t % num_m), hb = int(t / num_m);
+    x.head = hb % p.heads;
+    x.batch = hb / p.heads;
+    x.kv_head = x.head / (p.heads / p.heads_kv);
+    // This sequence's rows (row_q / row_k: its first packed row; tma_batch: the maps' batch index).
+    const SequenceRows seq = sequence_rows(p, x.batch);
+    x.seqlen_q = seq.seqlen_q;
+    x.seqlen_k = seq.seqlen_k;
+    x.tma_batch = varlen ? 0 : x.batch;
+    x.row_q = seq.q_start;
+    x.row_k = seq.k_start;
+    x.m_start = m_block * kBlockM;
+    x.rows = x.m_start < x.seqlen_q;
+    x.diag = p.align_top_left ? 0 : x.seqlen_k - x.seqlen_q;
+    x.m_last = x.m_start + kBlockM - 1;
+    int n_lo = 0, n_hi = x.seqlen_k;
+    if (p.window_left >= 0) n_lo = max(0, x.m_start + x.diag - p.window_left) / kBlockN * kBlockN;
+    if (p.window_right >= 0) n_hi = min(x.seqlen_k, x.m_last + x.diag + p.window_right + 1);
+    x.n_lo = n_lo;
+    x.num_n_blocks = x.rows && n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
+    return x;
+  };
 
   if (threadIdx.x == 0) {
-    sm90::mbarrier_init(q_full, 1);
+    for (int s = 0; s < kQStages; ++s) {
+      sm90::mbarrier_init(&q_full[s], 1);
+      sm90::mbarrier_init(&q_empty[s], 2);  // one thread of each consumer warpgroup
+    }
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&k_full[s], 1);
       sm90::mbarrier_init(&v_full[s], 1);
@@ -154,29 +184,40 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 0) {  // producer: one thread issues the copies, the rest give their registers up
     sm90::setmaxnreg_dec<kProducerRegisters>();
-    if (threadIdx.x == 0 && num_n_blocks > 0) {
-      sm90::mbarrier_arrive_expect_tx(q_full, kTileBytesQ);
-      for (int slab = 0; slab < kSlabs; ++slab) {
-        sm90::tma_load_4d(reinterpret_cast<unsigned char*>(smem_q) + slab * Config::kSlabBytesQ, &maps.q, q_full,
-                          64 * slab, head, int(row_q) + m_start, tma_batch);
-      }
-      // Block b's K, then (one block behind) block b - 1's V: each waits only for its own stage's
-      // release (the stage's previous user, kStages blocks earlier).
-      const auto load = [&](const CUtensorMap* map, unsigned char* tiles, uint64_t* full, uint64_t* empty, int b) {
-        const int stage = b % kStages;
-        if (b >= kStages) sm90::mbarrier_wait(&empty[stage], ((b / kStages) & 1) ^ 1);
-        sm90::mbarrier_arrive_expect_tx(&full[stage], kTileBytesKV);
+    if (threadIdx.x == 0) {
+      // Q loads and K / V blocks counted over every tile of this CTA: a stage's use g waits for
+      // the release of its use g − stages (the empty barrier's phase g / stages − 1).
+      int q_uses = 0, kv_uses = 0;
+      for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        const Tile x = tile_at(t);
+        if (x.num_n_blocks == 0) continue;  // nothing to load: the consumers write zeros
+        const int qs = q_uses % kQStages;
+        if (q_uses >= kQStages) sm90::mbarrier_wait(&q_empty[qs], ((q_uses / kQStages) & 1) ^ 1);
+        sm90::mbarrier_arrive_expect_tx(&q_full[qs], kTileBytesQ);
         for (int slab = 0; slab < kSlabs; ++slab) {
-          sm90::tma_load_4d(tiles + stage * kTileBytesKV + slab * Config::kSlabBytesKV, map, &full[stage], 64 * slab,
-                            kv_head, int(row_k) + n_lo + b * kBlockN, tma_batch);
+          sm90::tma_load_4d(reinterpret_cast<unsigned char*>(smem_q) + qs * kTileBytesQ + slab * Config::kSlabBytesQ,
+                            &maps.q, &q_full[qs], 64 * slab, x.head, int(x.row_q) + x.m_start, x.tma_batch);
         }
-      };
-      unsigned char* k_tiles = reinterpret_cast<unsigned char*>(smem_k);
-      unsigned char* v_tiles = reinterpret_cast<unsigned char*>(smem_v);
-      load(&maps.k, k_tiles, k_full, k_empty, 0);
-      for (int b = 1; b <= num_n_blocks; ++b) {
-        if (b < num_n_blocks) load(&maps.k, k_tiles, k_full, k_empty, b);
-        load(&maps.v, v_tiles, v_full, v_empty, b - 1);
+        ++q_uses;
+        // Block b's K, then (one block behind) block b - 1's V: each waits only for its own stage's
+        // release (the stage's previous user, kStages blocks earlier).
+        const auto load = [&](const CUtensorMap* map, unsigned char* tiles, uint64_t* full, uint64_t* empty, int b) {
+          const int g = kv_uses + b, stage = g % kStages;
+          if (g >= kStages) sm90::mbarrier_wait(&empty[stage], ((g / kStages) & 1) ^ 1);
+          sm90::mbarrier_arrive_expect_tx(&full[stage], kTileBytesKV);
+          for (int slab = 0; slab < kSlabs; ++slab) {
+            sm90::tma_load_4d(tiles + stage * kTileBytesKV + slab * Config::kSlabBytesKV, map, &full[stage], 64 * slab,
+                              x.kv_head, int(x.row_k) + x.n_lo + b * kBlockN, x.tma_batch);
+          }
+        };
+        unsigned char* k_tiles = reinterpret_cast<unsigned char*>(smem_k);
+        unsigned char* v_tiles = reinterpret_cast<unsigned char*>(smem_v);
+        load(&maps.k, k_tiles, k_full, k_empty, 0);
+        for (int b = 1; b <= x.num_n_blocks; ++b) {
+          if (b < x.num_n_blocks) load(&maps.k, k_tiles, k_full, k_empty, b);
+          load(&maps.v, v_tiles, v_full, v_empty, b - 1);
+        }
+        kv_uses += x.num_n_blocks;
       }
     }
     return;
@@ -194,10 +235,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc_o[kHeadDim / 2];
 #pragma unroll
   for (int e = 0; e < kHeadDim / 2; ++e) acc_o[e] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-
-  // Q's descriptors: slab s, this warpgroup's 64 rows (64 · 128 bytes in).
-  const uint64_t desc_q0 = sm90::smem_descriptor(reinterpret_cast<unsigned char*>(smem_q) + 64 * 128 * c, 16, 1024);
+  float row_max[2], row_sum[2];
+  Tile x{};              // the tile in hand (the steps below read it)
+  uint64_t desc_q0 = 0;  // its Q buffer's descriptor: slab 0, this warpgroup's 64 rows (64 · 128 bytes in)
   // Zeroes rows [first, kBlockN) of a landed V tile (every slab; the swizzle moves 16-byte chunks
   // only within a row's 128 bytes), all 256 consumer threads together, then orders the stores
   // before either warpgroup's wgmma reads the tile (named barrier 3: both consumer warpgroups).
@@ -212,9 +252,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // Varlen: block b's V rows past the sequence zeroed once the tile has landed (its last block).
   const auto guard_v = [&](int stage, int b) {
-    const int n_start = n_lo + b * kBlockN;
-    if (varlen && n_start + kBlockN > seqlen_k) {
-      zero_rows_past(reinterpret_cast<unsigned char*>(smem_v) + stage * kTileBytesKV, seqlen_k - n_start);
+    const int n_start = x.n_lo + b * kBlockN;
+    if (varlen && n_start + kBlockN > x.seqlen_k) {
+      zero_rows_past(reinterpret_cast<unsigned char*>(smem_v) + stage * kTileBytesKV, x.seqlen_k - n_start);
     }
   };
   float s[kBlockN / 2];          // S of the key block in hand; its exponentials in place
@@ -262,15 +302,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int e = 0; e < kBlockN / 2; ++e) s[e] = p.softcap * tanhf(s[e] * cap_scale);
     }
-    const bool full_block = n_start + kBlockN <= seqlen_k &&
-                            (p.window_right < 0 || n_start + kBlockN - 1 <= m_start + diag + p.window_right) &&
-                            (p.window_left < 0 || n_start >= m_last + diag - p.window_left);
+    const bool full_block = n_start + kBlockN <= x.seqlen_k &&
+                            (p.window_right < 0 || n_start + kBlockN - 1 <= x.m_start + x.diag + p.window_right) &&
+                            (p.window_left < 0 || n_start >= x.m_last + x.diag - p.window_left);
     if (!full_block) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = m_start + row0 + 8 * r;
-        const int right = p.window_right < 0 ? seqlen_k : min(seqlen_k, row + diag + p.window_right + 1);
-        const int left = p.window_left < 0 ? INT32_MIN : row + diag - p.window_left;
+        const int row = x.m_start + row0 + 8 * r;
+        const int right = p.window_right < 0 ? x.seqlen_k : min(x.seqlen_k, row + x.diag + p.window_right + 1);
+        const int left = p.window_left < 0 ? INT32_MIN : row + x.diag - p.window_left;
 #pragma unroll
         for (int i = 0; i < kBlockN / 8; ++i)
 #pragma unroll
@@ -337,66 +377,83 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Block j's S is issued before block j − 1's P V, and its softmax runs while that P V does
   // (FlashAttention-3's intra-warpgroup overlap): the tensor cores have the next GEMM while the
-  // warpgroup computes exponentials. P is rewritten only once its P V has retired.
-  if (num_n_blocks > 0) {
-    sm90::mbarrier_wait(q_full, 0);
-    sm90::mbarrier_wait(&k_full[0], 0);
-    issue_s(0);
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(s);
-    release(k_empty, 0);
-    softmax(n_lo);
-    round_p();  // (O is 0: nothing to rescale)
-    for (int it = 1; it < num_n_blocks; ++it) {
-      const int stage = it % kStages, prev = (it - 1) % kStages;
-      sm90::mbarrier_wait(&k_full[stage], (it / kStages) & 1);
-      sm90::mbarrier_wait(&v_full[prev], ((it - 1) / kStages) & 1);  // (loaded after block it's K)
-      guard_v(prev, it - 1);
-      issue_s(stage);
-      issue_pv(prev);
-      sm90::wgmma_wait<1>();  // S is in (groups complete in order); P V still runs
+  // warpgroup computes exponentials. P is rewritten only once its P V has retired. Stages and
+  // phases count this CTA's Q loads and K / V blocks over its tiles, as the producer counts them.
+  int q_uses = 0, kv_uses = 0;
+  for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    x = tile_at(t);
+    if (!x.rows) continue;  // the whole block past this sequence
+#pragma unroll
+    for (int e = 0; e < kHeadDim / 2; ++e) acc_o[e] = 0.0f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+    const int n_lo = x.n_lo, num_n_blocks = x.num_n_blocks;
+    if (num_n_blocks > 0) {
+      const int qs = q_uses % kQStages;
+      desc_q0 = sm90::smem_descriptor(reinterpret_cast<unsigned char*>(smem_q) + qs * kTileBytesQ + 64 * 128 * c, 16,
+                                      1024);
+      sm90::mbarrier_wait(&q_full[qs], (q_uses / kQStages) & 1);
+      sm90::mbarrier_wait(&k_full[kv_uses % kStages], (kv_uses / kStages) & 1);
+      issue_s(kv_uses % kStages);
+      sm90::wgmma_wait<0>();
       sm90::fence_operands(s);
-      release(k_empty, stage);  // the producer may load block it + kStages's K now
-      softmax(n_lo + it * kBlockN);
-      pin_wait();
+      release(k_empty, kv_uses % kStages);
+      if (num_n_blocks == 1) release(q_empty, qs);  // Q's last read: the next tile's may land
+      softmax(n_lo);
+      round_p();  // (O is 0: nothing to rescale)
+      for (int it = 1; it < num_n_blocks; ++it) {
+        const int g = kv_uses + it, stage = g % kStages, prev = (g - 1) % kStages;
+        sm90::mbarrier_wait(&k_full[stage], (g / kStages) & 1);
+        sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);  // (loaded after block it's K)
+        guard_v(prev, it - 1);
+        issue_s(stage);
+        issue_pv(prev);
+        sm90::wgmma_wait<1>();  // S is in (groups complete in order); P V still runs
+        sm90::fence_operands(s);
+        release(k_empty, stage);  // the producer may load block it + kStages's K now
+        if (it == num_n_blocks - 1) release(q_empty, qs);
+        softmax(n_lo + it * kBlockN);
+        pin_wait();
+        sm90::wgmma_wait<0>();
+        sm90::fence_operands(acc_o);
+#pragma unroll
+        for (int i = 0; i < kBlockN / 8; ++i) sm90::fence_operands(p16[i]);
+        release(v_empty, prev);
+        round_p();
+        rescale_o();
+      }
+      const int g_last = kv_uses + num_n_blocks - 1, last = g_last % kStages;
+      sm90::mbarrier_wait(&v_full[last], (g_last / kStages) & 1);
+      guard_v(last, num_n_blocks - 1);
+      issue_pv(last);
       sm90::wgmma_wait<0>();
       sm90::fence_operands(acc_o);
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) sm90::fence_operands(p16[i]);
-      release(v_empty, prev);
-      round_p();
-      rescale_o();
+      release(v_empty, last);
+      ++q_uses;
+      kv_uses += num_n_blocks;
     }
-    const int last = (num_n_blocks - 1) % kStages;
-    sm90::mbarrier_wait(&v_full[last], ((num_n_blocks - 1) / kStages) & 1);
-    guard_v(last, num_n_blocks - 1);
-    issue_pv(last);
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(acc_o);
-    release(v_empty, last);
-  }
 
-  // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse.
-  const int64_t o_offset = varlen ? row_q * p.o_row_stride : int64_t(batch) * p.o_batch_stride;
-  const int64_t lse_offset = varlen ? row_q : int64_t(batch) * p.lse_batch_stride;
-  T* o = static_cast<T*>(p.o) + o_offset + int64_t(head) * p.o_head_stride;
+    // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse.
+    const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
+    const int64_t lse_offset = varlen ? x.row_q : int64_t(x.batch) * p.lse_batch_stride;
+    T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float total = row_sum[r];
-    total += __shfl_xor_sync(0xffffffffu, total, 1);
-    total += __shfl_xor_sync(0xffffffffu, total, 2);
-    const int row = m_start + row0 + 8 * r;
-    if (row >= seqlen_q) continue;
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int r = 0; r < 2; ++r) {
+      float total = row_sum[r];
+      total += __shfl_xor_sync(0xffffffffu, total, 1);
+      total += __shfl_xor_sync(0xffffffffu, total, 2);
+      const int row = x.m_start + row0 + 8 * r;
+      if (row >= x.seqlen_q) continue;
+      const float inv = total > 0.0f ? 1.0f / total : 0.0f;
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 8; ++i) {
-      const int col = 8 * i + 2 * quad;
-      *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
-          ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv, acc_o[4 * i + 2 * r + 1] * inv);
-    }
-    if (p.lse != nullptr && quad == 0) {
-      p.lse[lse_offset + int64_t(head) * p.lse_head_stride + row] =
-          row_lse({row_max[r] * score_scale, total});
+      for (int i = 0; i < kHeadDim / 8; ++i) {
+        const int col = 8 * i + 2 * quad;
+        *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
+            ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv, acc_o[4 * i + 2 * r + 1] * inv);
+      }
+      if (p.lse != nullptr && quad == 0) {
+        p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] = row_lse({row_max[r] * score_scale, total});
+      }
     }
   }
 }
@@ -417,8 +474,12 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, Config::kBlockN));
   auto kernel = flash_fwd_sm90_kernel<T, Config>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
-  const dim3 grid(unsigned((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM), unsigned(p.heads),
-                  unsigned(p.batch));
+  // Tiles of equal work (no causal mask, no window, a dense batch): a CTA per SM walking them, so
+  // a tile's prologue overlaps the previous one's end; else a CTA per tile, longest first.
+  const int64_t tiles = (p.seqlen_q + int64_t(Config::kBlockM) - 1) / Config::kBlockM * p.heads * p.batch;
+  const bool uniform = !varlen && p.window_left < 0 && p.window_right < 0;
+  const int64_t ctas = uniform ? std::max(1, current_device_sm_count()) : int64_t(INT32_MAX);  // (past it: a stride)
+  const dim3 grid(unsigned(std::min(tiles, ctas)));
   kernel<<<grid, kThreads, Config::kSmemBytes, stream>>>(p, maps);
   return cudaGetLastError();
 }
