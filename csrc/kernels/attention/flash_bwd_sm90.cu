@@ -279,22 +279,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::wgmma_commit();  // (dV, dK run while dS goes to shared memory and dQ is issued)
 
     // dS into shared memory: query j, key 64 c + kl at slab c, row j, 16-byte chunk kl / 8 ^ j % 8
-    // (the 128-byte swizzle). The stores only read ds16, which the dK GEMM in flight reads too
-    // (its A registers must not change until it retires; reading them is allowed). Both
-    // consumers' halves must be in before either reads them, and the last bulk add must have
-    // read the dQ buffer before it is rewritten (its issuer waits first).
+    // (the 128-byte swizzle). dSᵀ's fragment (i, r) is an 8 × 8 matrix of keys 16 warp + 8 r +
+    // [0, 8) × queries 8 i + [0, 8); stored transposed, its row jj (query 8 i + jj) is the 16-byte
+    // chunk 2 warp + r of that query's row: four stmatrix.trans per warp, fragments 2 t and 2 t + 1
+    // (lane 8 m + jj addresses row jj of matrix m = 2 (i − 2 t) + r). The stores only read ds16,
+    // which the dK GEMM in flight reads too (its A registers must not change until it retires;
+    // reading them is allowed). Both consumers' halves must be in before either reads them, and
+    // the last bulk add must have read the dQ buffer before it is rewritten (its issuer waits
+    // first).
+    {
+      const int m = lane / 8, jj = lane % 8;
+      unsigned char* row = smem_ds + c * C::kSlabBytesDs + (8 * (m / 2) + jj) * 128 + (((2 * warp + m % 2) ^ jj) << 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int kl = 16 * warp + lane / 4 + 8 * r;
-        const T* pair = reinterpret_cast<const T*>(&ds16[i][r]);
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int j = 8 * i + 2 * quad + e;
-          *reinterpret_cast<T*>(smem_ds + c * C::kSlabBytesDs + j * 128 + (((kl >> 3) ^ (j & 7)) << 4) + (kl & 7) * 2) =
-              pair[e];
-        }
+      for (int t = 0; t < 4; ++t) {
+        sm90::stmatrix_x4_trans(row + t * 16 * 128, ds16[2 * t][0], ds16[2 * t][1], ds16[2 * t + 1][0],
+                                ds16[2 * t + 1][1]);
       }
     }
     sm90::fence_proxy_async();  // (the generic stores before wgmma's async-proxy reads)
