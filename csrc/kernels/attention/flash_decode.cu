@@ -426,13 +426,13 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
 }
 
 // o and lse from the splits' partials: lse = log Σ_s e^lse_s, o = Σ_s e^(lse_s − lse) o_s (a split
-// that saw no key has lse −inf, weight 0). A block per (batch, query, head) row: warp 0 turns the
-// splits' lse (two per lane) into weights; then thread t sums columns 4 (t mod D/4) + [0, 4) over
-// the splits ≡ t div (D/4) modulo the block's groups, every load in flight at once, and the
-// groups' sums meet in shared memory. (One thread walking every split of its columns in turn,
-// as before, waited a latency per split: 18 µs for 1 × 32K.)
+// that saw no key has lse −inf, weight 0). A block per (batch, query, head) row; thread t owns
+// columns 4 (t mod D/4) + [0, 4) of the splits ≡ t div (D/4) modulo the block's groups. Each
+// thread loads its splits' lse and partials in one round (every load in flight at once) and
+// merges them online against its own running max; the groups' (max, sum, o) meet in shared
+// memory. (Weights first, then the partials, cost two dependent rounds of loads after the split
+// grid; one thread walking every split in turn, a latency per split: 18 µs for 1 × 32K.)
 constexpr int kCombineThreads = 128;
-static_assert(kMaxSplits <= 64, "warp 0 holds two splits' lse per lane");
 
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const FlashDecodeParams p, const float* o_part,
@@ -440,66 +440,75 @@ __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const Fl
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the split grid's partials are all written
 #endif
-  __shared__ float weight[kMaxSplits];
-  __shared__ float row_lse_shared;
+  constexpr int kMaxGroups = kCombineThreads / 2;  // head dims ≥ 8: at least 2 column chunks of 4
+  __shared__ float group_max[kMaxGroups], group_sum[kMaxGroups];
+  __shared__ int group_nan[kMaxGroups];
   __shared__ float4 partial[kCombineThreads];
   const int head = int(blockIdx.x % unsigned(p.heads));
   const int i = int(blockIdx.x / unsigned(p.heads) % unsigned(p.seqlen_q));
   const int b = int(blockIdx.x / unsigned(p.heads) / unsigned(p.seqlen_q));
   const int64_t split_stride = int64_t(p.batch) * p.heads * p.seqlen_q;  // partial rows per split
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    const float* lse_s = lse_part + (int64_t(b) * p.heads + head) * p.seqlen_q + i;
-    const float a = lane < p.num_splits ? lse_s[lane * split_stride] : -INFINITY;
-    const float c = lane + 32 < p.num_splits ? lse_s[(lane + 32) * split_stride] : -INFINITY;
-    float m = fmaxf(a, c);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-    float lse = -INFINITY;
-    if (__any_sync(0xffffffffu, isnan(a) || isnan(c))) {
-      lse = NAN;  // (fmaxf drops a NaN: a NaN split makes the row NaN, as one split would)
-    } else if (m != -INFINITY) {  // (both warp-uniform)
-      float sum = expf(a - m) + expf(c - m);
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      lse = m + logf(sum);
-    }
-    const bool none = lse == -INFINITY;
-    weight[lane] = none ? 0.0f : expf(a - lse);  // (NaN when lse is)
-    if (lane + 32 < kMaxSplits) weight[lane + 32] = none ? 0.0f : expf(c - lse);
-    if (lane == 0) row_lse_shared = lse;
-  }
-  __syncthreads();
-
+  const int64_t row = (int64_t(b) * p.heads + head) * p.seqlen_q + i;      // lse_part's row index
   const int chunks = p.head_dim / 4, groups = kCombineThreads / chunks;
   const int c = int(threadIdx.x) % chunks, g = int(threadIdx.x) / chunks;
+
+  float m = -INFINITY, l = 0.0f;
+  bool nan = false;
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (g < groups) {
-    // every split wrote its rows (zeros where it saw no key), so every load is issued; a split of
-    // weight 0 adds nothing, whatever its partial holds
+    // every split wrote its rows (zeros where it saw no key), so every load is issued
     const float4* o_s = reinterpret_cast<const float4*>(o_part + ((int64_t(b) * p.seqlen_q + i) * p.heads + head) *
                                                                      p.head_dim) + c;
     const int64_t o_split_stride = split_stride * chunks;  // in float4
-#pragma unroll 8
-    for (int s = g; s < p.num_splits; s += groups) {
-      const float w = weight[s];
-      const float4 x = o_s[s * o_split_stride];
-      if (w != 0.0f) sum.x += w * x.x, sum.y += w * x.y, sum.z += w * x.z, sum.w += w * x.w;
+    constexpr int kBatch = 8;  // loads in flight per round of the loop
+    for (int s0 = g; s0 < p.num_splits; s0 += kBatch * groups) {
+      float lse[kBatch];
+      float4 x[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int s = s0 + k * groups;
+        lse[k] = s < p.num_splits ? lse_part[row + s * split_stride] : -INFINITY;
+        x[k] = s < p.num_splits ? o_s[s * o_split_stride] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        nan |= isnan(lse[k]);
+        if (lse[k] == -INFINITY) continue;  // no key, weight 0 (whatever its partial holds)
+        const float m_new = fmaxf(m, lse[k]);
+        const float keep = expf(m - m_new), w = expf(lse[k] - m_new);  // (m = −inf: keep 0)
+        l = l * keep + w;
+        sum.x = sum.x * keep + w * x[k].x, sum.y = sum.y * keep + w * x[k].y;
+        sum.z = sum.z * keep + w * x[k].z, sum.w = sum.w * keep + w * x[k].w;
+        m = m_new;
+      }
     }
   }
   partial[threadIdx.x] = sum;
+  if (c == 0 && g < groups) group_max[g] = m, group_sum[g] = l, group_nan[g] = nan;
   __syncthreads();
   if (g > 0) return;
-  for (int h = 1; h < groups; ++h) {
-    const float4 x = partial[h * chunks + c];
-    sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
+  float row_max = -INFINITY;
+  for (int h = 0; h < groups; ++h) row_max = fmaxf(row_max, group_max[h]), nan |= group_nan[h] != 0;
+  float total = 0.0f;
+  sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (row_max != -INFINITY) {
+    for (int h = 0; h < groups; ++h) {
+      const float scale = expf(group_max[h] - row_max);  // (a group that saw no split: 0)
+      const float4 x = partial[h * chunks + c];
+      total += group_sum[h] * scale;
+      sum.x += scale * x.x, sum.y += scale * x.y, sum.z += scale * x.z, sum.w += scale * x.w;
+    }
   }
-  const Pack<T, 4> packed{{from_float<T>(sum.x), from_float<T>(sum.y), from_float<T>(sum.z), from_float<T>(sum.w)}};
+  // A NaN split makes the row NaN, as one split would; no split with a key gives 0 and −inf.
+  const float inv = nan ? NAN : (total > 0.0f ? 1.0f / total : 0.0f);
+  const Pack<T, 4> packed{{from_float<T>(sum.x * inv), from_float<T>(sum.y * inv), from_float<T>(sum.z * inv),
+                           from_float<T>(sum.w * inv)}};
   T* o = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
          int64_t(head) * p.o_head_stride;
   store_pack<T, 4>(o, c, packed);
   if (p.lse != nullptr && threadIdx.x == 0) {
-    p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] = row_lse_shared;
+    p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] =
+        nan ? NAN : (total > 0.0f ? row_max + logf(total) : -INFINITY);
   }
 }
 
