@@ -382,6 +382,10 @@ TYPED_TEST(FlashFwdKernel, Sm90AgainstCpuReference) {
     run_case<TypeParam>(hopper({1, 200, 600, 2, 2, head_dim, false, 100, 50}));
     run_case<TypeParam>(hopper({1, 130, 140, 2, 2, head_dim, true, -1, -1, /*softcap=*/5.0f}));
   }
+  for (const int head_dim : {64, 128, 256}) {  // 144 equal tiles, more than the H200's 132 SMs:
+    // persistent CTAs taking a second tile, whose Q and first K / V load during the first's end
+    run_case<TypeParam>(hopper({3, 1000, 130, 6, 2, head_dim}));
+  }
   for (const int head_dim : {64, 128, 256}) {  // packed varlen: tiles that reach into the next sequence
     Case varlen{0, 0, 0, 4, 2, head_dim, /*causal=*/true};
     varlen.varlen_q = {0, 1, 7, 300, 129};
