@@ -58,24 +58,29 @@ def attention_tables(payload, summary: bool = False) -> None:
                    for dtype in sorted({r["dtype"] for r in softmax})
                    for group in [[r for r in softmax if r["dtype"] == dtype]]))
         return
-    hopper = any("flashext_sm90" in r for r in fwd)  # the Hopper kernel alone, where the run timed it
-    fa2 = any("flashext_fa2" in r for r in fwd)  # the FA2-design kernel alone
-    default = any("sdpa_default" in r for r in fwd)  # SDPA with no backend chosen
-    others = (("sdpa_flash", "sdpa_cudnn") + (("sdpa_default",) if default else ()) + ("flex_attention", "triton_twin")
-              + (("flashext_sm90",) if hopper else ()) + (("flashext_fa2",) if fa2 else ()))
+    # (name, header, shown when the run did not time it): SDPA with no backend chosen, the Hopper
+    # kernel alone and the FA2-design kernel alone only where the run timed them
+    columns = [(name, header) for name, header, always in (
+        ("sdpa_flash", "SDPA flash", True), ("sdpa_cudnn", "cuDNN", True), ("sdpa_default", "SDPA default", False),
+        ("flex_attention", "FlexAttention", True), ("triton_twin", "Triton twin", True),
+        ("flashext_sm90", "Hopper kernel", False), ("flashext_fa2", "FA2-design kernel", False))
+        if always or any(name in r for r in fwd)]
     matmul = {r["dtype"]: r["tflops"] for r in rows if r["section"] == "matmul"}  # the run's matmul ceilings
     if matmul:
         print("Dense matmul (8192³ `a @ b`) in the same run: "
               + ", ".join(f"{d} {t:.0f} TFLOP/s" for d, t in matmul.items()) + ".\n")
+
+    def of_matmul(r):  # flashext's fraction of its dtype's matmul ceiling, where the run measured one
+        if not matmul:
+            return []
+        return [f"{r['flashext']['tflops'] / matmul[r['dtype']]:.2f}" if r["dtype"] in matmul else "n/a"]
+
     if fwd:
         table(["dtype", "D", "mask", "S", "flashext TFLOP/s"] + (["of matmul"] if matmul else [])
-              + ["SDPA flash", "cuDNN"] + (["SDPA default"] if default else []) + ["FlexAttention", "Triton twin"]
-              + (["Hopper kernel"] if hopper else []) + (["FA2-design kernel"] if fa2 else []),
+              + [header for _, header in columns],
               ([r["dtype"], str(r["head_dim"]), "causal" if r["causal"] else "full", str(r["seqlen"]),
-                f"{r['flashext']['tflops']:.0f}",
-                *([f"{r['flashext']['tflops'] / matmul[r['dtype']]:.2f}"] if r["dtype"] in matmul else
-                  (["n/a"] if matmul else [])),
-                *(f"{r[n]['tflops']:.0f}" if "tflops" in r.get(n, {}) else "n/a" for n in others)] for r in fwd))
+                f"{r['flashext']['tflops']:.0f}", *of_matmul(r),
+                *(f"{r[n]['tflops']:.0f}" if "tflops" in r.get(n, {}) else "n/a" for n, _ in columns)] for r in fwd))
     memory = [r for r in rows if r["section"] == "memory"]
     if memory:
         print("\n**Peak extra memory** of the forward (B = 1, H = 1, D = 128, fp16): what the call allocates, its output and lse included\n")
