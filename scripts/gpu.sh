@@ -239,26 +239,54 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
   local patches=(${FLASHEXT_AB_PATCH:-}) names=(a) dirs=("$ROOT") letters=(b c d e f) i
   [ ${#patches[@]} -eq 0 ] && patches=("")  # flags alone: one variant
   [ ${#patches[@]} -le ${#letters[@]} ] || { echo "ab: at most ${#letters[@]} variants (patches) per run"; return 2; }
+  # The variants build at once (their compiles share the cores; each alone leaves most idle on its
+  # longest file) and test at once (small launches: the GPU is shared, not saturated); a variant
+  # that fails to build or pass its tests is reported and left out of the timings.
+  local -A pid=()
+  local dropped=0
   for i in "${!patches[@]}"; do
     local name=${letters[$i]} dir=/tmp/flashext_ab_${letters[$i]}
     rm -rf "$dir" && cp -r "$ROOT" "$dir" || return 1
     if [ -n "${patches[$i]}" ]; then (cd "$dir" && patch -p1 -s <"$ROOT/${patches[$i]}") || return 1; fi
-    (cd "$dir" && FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} ${FLASHEXT_AB_FLAGS:-}" $PY setup.py build_ext --inplace >/dev/null) ||
-      return 1
-    if [ -n "${FLASHEXT_AB_TESTS:-}" ]; then  # each variant's own tests first: a faster wrong kernel is no result
-      echo "ab: variant $name (${patches[$i]}) tests:"
-      (cd "$dir" && timeout -k 10 "${FLASHEXT_PYTEST_TIMEOUT:-300}" $PY -m pytest -q -p no:cacheprovider -x $FLASHEXT_AB_TESTS |
-        tail -3) || { echo "ab: variant $name's tests failed or ran past ${FLASHEXT_PYTEST_TIMEOUT:-300} s"; return 1; }
-    fi
-    names+=("$name")
-    dirs+=("$dir")
+    (cd "$dir" && FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} ${FLASHEXT_AB_FLAGS:-}" $PY setup.py build_ext --inplace \
+      >"$OUT/ab_build_$name.log" 2>&1) &
+    pid[$name]=$!
   done
+  for i in "${!patches[@]}"; do
+    local name=${letters[$i]}
+    wait "${pid[$name]}" || { echo "ab: variant $name (${patches[$i]}) failed to build:"; tail -20 "$OUT/ab_build_$name.log"; pid[$name]=; dropped=1; }
+  done
+  echo "ab: variants built at ${SECONDS} s"
+  if [ -n "${FLASHEXT_AB_TESTS:-}" ]; then  # each variant's own tests first: a faster wrong kernel is no result
+    for i in "${!patches[@]}"; do
+      local name=${letters[$i]}
+      [ -n "${pid[$name]}" ] || continue
+      (cd "/tmp/flashext_ab_$name" && timeout -k 10 "${FLASHEXT_PYTEST_TIMEOUT:-300}" $PY -m pytest -q -p no:cacheprovider \
+        -x $FLASHEXT_AB_TESTS >"$OUT/ab_tests_$name.log" 2>&1) &
+      pid[$name]=$!
+    done
+    for i in "${!patches[@]}"; do
+      local name=${letters[$i]}
+      [ -n "${pid[$name]}" ] || continue
+      echo "ab: variant $name (${patches[$i]}) tests:"
+      wait "${pid[$name]}" && tail -1 "$OUT/ab_tests_$name.log" ||
+        { tail -30 "$OUT/ab_tests_$name.log"; echo "ab: variant $name's tests failed or ran past ${FLASHEXT_PYTEST_TIMEOUT:-300} s"; pid[$name]=; dropped=1; }
+    done
+    echo "ab: variants tested at ${SECONDS} s"
+  fi
+  for i in "${!patches[@]}"; do
+    local name=${letters[$i]}
+    [ -n "${pid[$name]}" ] || continue
+    names+=("$name")
+    dirs+=("/tmp/flashext_ab_$name")
+  done
+  [ ${#names[@]} -gt 1 ] || { echo "ab: no variant left to time"; return 1; }
   local round bench=attention section=${BENCH_AB_SECTION:-fwd} anchor=sdpa_flash
   [ "${FLASHEXT_AB_BENCH:-attention}" = decode ] && bench=decode section=${BENCH_AB_SECTION:-decode} anchor=sdpa_cudnn
   for round in 1 2; do
     for i in "${!names[@]}"; do
       local run=${names[$i]}$round
-      echo "ab: run $run"
+      echo "ab: run $run (at ${SECONDS} s)"
       rm -rf /tmp/flashext_ab_out_$run
       (cd "${dirs[$i]}" && OUT=/tmp/flashext_ab_out_$run $PY benchmarks/bench_$bench.py --only "$section" |
         { grep -E "vs |of read_anchor" || true; }) || return 1
@@ -273,6 +301,7 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
       $PY benchmarks/compare_ab.py "$OUT/a$round.json" "$OUT/${names[$i]}$round.json" "${compare[@]}" | tail -2
     done
   done
+  return $dropped
 }
 
 for step in "${steps[@]}"; do
