@@ -33,6 +33,18 @@ def test_seqlens_batches_gqa(dtype, causal, seqlen_q, seqlen_k, head_dim):
 
 
 @requires_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_causal_units_on_persistent_ctas(dtype, head_dim):
+    # 16 query blocks of 128 rows, 11 heads and 3 sequences: 264 units of two blocks, two whole
+    # rounds on 132 SMs, so each CTA walks units (and, with fewer keys, rows that see no key); at
+    # D = 64, 11 blocks of 192 rows and 2 sequences: 132 units, the middle block alone in its unit
+    batch = 2 if head_dim == 64 else 3
+    for seqlen_q, seqlen_k in ((2048, 2048), (2000, 1500)):
+        check_attention(*make_qkv(batch, seqlen_q, seqlen_k, 11, 1, head_dim, dtype), attend, causal=True)
+
+
+@requires_hopper
 @pytest.mark.parametrize("kwargs", [{"window_size": (100, 50)}, {"window_size": (0, 0)}, {"window_size": (7, -1)},
                                     {"softcap": 5.0, "causal": True}, {"softmax_scale": 0.05},
                                     {"causal": True, "window_size": (64, 0)}])

@@ -25,8 +25,9 @@
 //   shared memory: K, V 2 · 32 + Q, dO 2 stages · 2 · 16 + dS 16 + dQ 32 + lse₂, D 1 = 177 KiB
 //   (178 with the barriers and the 1024-byte alignment slack)
 //   registers per consumer thread: dK 64, dV 64, Sᵀ 32, dPᵀ 32, dQ 32 (not all live at once)
-// Schedule: Sᵀ and dPᵀ are issued together and waited for; dV and dK are committed without a
-// wait, and dS goes to shared memory and dQ is issued while they run; one wait retires the three.
+// Schedule: Sᵀ and dPᵀ are issued as two groups; Pᵀ's exponentials run under dPᵀ's GEMM, dV is
+// issued as soon as Pᵀ is, dSᵀ is computed under dV's GEMM, then dK; dS goes to shared memory and
+// dQ is issued while dV and dK run; one wait retires the three.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -200,6 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float* dsum = lse2 + kBlockM;
 
     // Sᵀ = K_c Qᵀ and dPᵀ = V_c dOᵀ: head-dim k16 step kk is slab kk / 4, 32 bytes × (kk % 4) in.
+    // Two commit groups, so Pᵀ's exponentials run while dPᵀ's GEMM does.
     float s[32], dp[32];
     const uint64_t desc_q = sm90::smem_descriptor(q_tile, 16, 1024);
     const uint64_t desc_do = sm90::smem_descriptor(do_tile, 16, 1024);
@@ -210,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::wgmma_m64n64k16_ss<T, 0>(s, desc_k_rows + uint64_t((kk / 4) * (C::kSlabBytesKV >> 4)) + in_slab,
                                      desc_q + uint64_t((kk / 4) * (C::kSlabBytesQ >> 4)) + in_slab, kk > 0);
     }
+    sm90::wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < C::kHeadDim / 16; ++kk) {
       const uint64_t in_slab = uint64_t(2 * (kk % 4));
@@ -217,27 +220,26 @@ __global__ void __launch_bounds__(kThreads, 1)
                                      desc_do + uint64_t((kk / 4) * (C::kSlabBytesQ >> 4)) + in_slab, kk > 0);
     }
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
+    sm90::wgmma_wait<1>();  // Sᵀ is in (groups retire in order); dPᵀ still runs
     sm90::fence_operands(s);
-    sm90::fence_operands(dp);
 
-    // Pᵀ (fp32 for dS, rounded to T for dV) and dSᵀ. Element 4 i + 2 r + e: key key0 + 8 r, query
-    // m_start + 8 i + 2 quad + e. The mask only where the block crosses the diagonal or the keys' end.
+    // Pᵀ, fp32 in place in s (for dS) and rounded to T (for dV). Element 4 i + 2 r + e: key key0 +
+    // 8 r, query m_start + 8 i + 2 quad + e. The mask only where the block crosses the diagonal or
+    // the keys' end; rows past the sequence (their stats not copied: whatever the stage held) get
+    // P = 0 and D = 0.
     const bool masked = (causal && n_start + kBlockN - 1 > m_start + diag) || n_start + kBlockN > seqlen_k;
     const bool tail = m_start + kBlockM > seqlen_q;
     uint32_t p16[8][2], ds16[8][2];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * quad);
-      float2 dd = *reinterpret_cast<const float2*>(dsum + 8 * i + 2 * quad);
-      if (tail) {  // rows past the sequence (not copied: whatever the stage held): P = 0, D = 0
+      if (tail) {
         const int query = m_start + 8 * i + 2 * quad;
-        if (query >= seqlen_q) l2.x = INFINITY, dd.x = 0.0f;
-        if (query + 1 >= seqlen_q) l2.y = INFINITY, dd.y = 0.0f;
+        if (query >= seqlen_q) l2.x = INFINITY;
+        if (query + 1 >= seqlen_q) l2.y = INFINITY;
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float pv[2], dsv[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int idx = 4 * i + 2 * r + e;
@@ -246,23 +248,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int key = n_start + key0 + 8 * r, query = m_start + 8 * i + 2 * quad + e;
             if ((causal && key > query + diag) || key >= seqlen_k) pe = 0.0f;
           }
-          pv[e] = pe;
-          dsv[e] = pe * (dp[idx] - (e == 0 ? dd.x : dd.y));
+          s[idx] = pe;
         }
-        p16[i][r] = ptx::pack2<T>(pv[0], pv[1]);
-        ds16[i][r] = ptx::pack2<T>(dsv[0], dsv[1]);
+        p16[i][r] = ptx::pack2<T>(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]);
       }
     }
 
-    // dV_c += Pᵀ dO and dK_c += dSᵀ Q: query k16 step kk is n8 tiles 2 kk and 2 kk + 1 (the A
-    // fragment); dO and Q MN-major, head dims in two slabs (the leading offset), 16 rows per step.
+    // dV_c += Pᵀ dO (issued while dPᵀ may still run), then dSᵀ = Pᵀ ∘ (dPᵀ − D) while dV runs, then
+    // dK_c += dSᵀ Q: query k16 step kk is n8 tiles 2 kk and 2 kk + 1 (the A fragment); dO and Q
+    // MN-major, head dims in two slabs (the leading offset), 16 rows per step.
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      sm90::fence_operands(p16[i]);
-      sm90::fence_operands(ds16[i]);
-    }
+    for (int i = 0; i < 8; ++i) sm90::fence_operands(p16[i]);
     sm90::fence_operands(acc_dv);
-    sm90::fence_operands(acc_dk);
     const uint64_t desc_do_cols = sm90::smem_descriptor(do_tile, C::kSlabBytesQ, 1024);
     const uint64_t desc_q_cols = sm90::smem_descriptor(q_tile, C::kSlabBytesQ, 1024);
     sm90::wgmma_fence();
@@ -271,22 +268,32 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t a[4] = {p16[2 * kk][0], p16[2 * kk][1], p16[2 * kk + 1][0], p16[2 * kk + 1][1]};
       sm90::wgmma_m64n128k16_rs<T, 1>(acc_dv, a, desc_do_cols + uint64_t(128 * kk), 1);
     }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<1>();  // dPᵀ is in; dV still runs
+    sm90::fence_operands(dp);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const uint32_t a[4] = {ds16[2 * kk][0], ds16[2 * kk][1], ds16[2 * kk + 1][0], ds16[2 * kk + 1][1]};
-      sm90::wgmma_m64n128k16_rs<T, 1>(acc_dk, a, desc_q_cols + uint64_t(128 * kk), 1);
+    for (int i = 0; i < 8; ++i) {
+      float2 dd = *reinterpret_cast<const float2*>(dsum + 8 * i + 2 * quad);
+      if (tail) {
+        const int query = m_start + 8 * i + 2 * quad;
+        if (query >= seqlen_q) dd.x = 0.0f;
+        if (query + 1 >= seqlen_q) dd.y = 0.0f;
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int idx = 4 * i + 2 * r;
+        ds16[i][r] = ptx::pack2<T>(s[idx] * (dp[idx] - dd.x), s[idx + 1] * (dp[idx + 1] - dd.y));
+      }
     }
-    sm90::wgmma_commit();  // (dV, dK run while dS goes to shared memory and dQ is issued)
-
     // dS into shared memory: query j, key 64 c + kl at slab c, row j, 16-byte chunk kl / 8 ^ j % 8
     // (the 128-byte swizzle). dSᵀ's fragment (i, r) is an 8 × 8 matrix of keys 16 warp + 8 r +
     // [0, 8) × queries 8 i + [0, 8); stored transposed, its row jj (query 8 i + jj) is the 16-byte
     // chunk 2 warp + r of that query's row: four stmatrix.trans per warp, fragments 2 t and 2 t + 1
-    // (lane 8 m + jj addresses row jj of matrix m = 2 (i − 2 t) + r). The stores only read ds16,
-    // which the dK GEMM in flight reads too (its A registers must not change until it retires;
-    // reading them is allowed). Both consumers' halves must be in before either reads them, and
-    // the last bulk add must have read the dQ buffer before it is rewritten (its issuer waits
-    // first).
+    // (lane 8 m + jj addresses row jj of matrix m = 2 (i − 2 t) + r). They go before dK is
+    // issued, which takes ds16 as its A registers: a wgmma's A registers may not be accessed at all
+    // (read or written) until its group retires. Both consumers' halves must be in before either
+    // reads them, and the last bulk add must have read the dQ buffer before it is rewritten (its
+    // issuer waits first).
     {
       const int m = lane / 8, jj = lane % 8;
       unsigned char* row = smem_ds + c * C::kSlabBytesDs + (8 * (m / 2) + jj) * 128 + (((2 * warp + m % 2) ^ jj) << 4);
@@ -296,6 +303,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                                 ds16[2 * t + 1][1]);
       }
     }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sm90::fence_operands(ds16[i]);
+    sm90::fence_operands(acc_dk);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      const uint32_t a[4] = {ds16[2 * kk][0], ds16[2 * kk][1], ds16[2 * kk + 1][0], ds16[2 * kk + 1][1]};
+      sm90::wgmma_m64n128k16_rs<T, 1>(acc_dk, a, desc_q_cols + uint64_t(128 * kk), 1);
+    }
+    sm90::wgmma_commit();  // (dV and dK run while dS is ordered for the async proxy and dQ is issued)
+
     sm90::fence_proxy_async();  // (the generic stores before wgmma's async-proxy reads)
     if (threadIdx.x == 128) sm90::bulk_wait_group_read<0>();
     sm90::named_barrier_sync(kBarrierDs, 256);
@@ -315,7 +333,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_operands(acc_dk);
     sm90::fence_operands(dq);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) sm90::fence_operands(ds16[i]);
+    for (int i = 0; i < 8; ++i) {
+      sm90::fence_operands(p16[i]);
+      sm90::fence_operands(ds16[i]);
+    }
     // This stage's Q, dO and stats are read for the last time: the producer may refill it. Every
     // consumer thread arrives: an arrival releases only the arriving thread's own reads (of the
     // stats, by generic loads), so no thread may arrive for another.

@@ -4,25 +4,29 @@
 // (flash_fwd_sm90.h says who calls, checks and times it).
 //
 // D = 64, 128 and 256, dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
-// 128 rows, head, sequence): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1 and 2
-// consume 64 query rows each. Q and two stages of K and V live in shared memory as 64-column slabs
+// 192 rows at D = 64, else 128, head, sequence): warpgroup 0 is the producer (one thread issues
+// every TMA), warpgroups 1, 2 (and 3) consume 64 query rows each. Q and two stages of K and V live in shared memory as 64-column slabs
 // with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
 // S = Q Kᵀ (wgmma SS, m64nN with N the block's keys), the online softmax in registers, O += P V
 // (wgmma RS: P from registers, V read MN-major as stored; n64 or n128 per instruction), then
 // releases the stage. A CTA walks tiles (query block, head, sequence), the last query blocks of a
-// head first: one tile per CTA for causal, windowed and varlen calls (tiles of unequal work, which
-// the hardware's block scheduler balances), a CTA per SM striding over them otherwise, where the
-// producer loads the next tile's Q (a second buffer where it fits) and first K / V during this
-// tile's last blocks and epilogue. K and V have full barriers of their own (one arrival plus the tile's bytes),
+// head first: a CTA per SM striding over tiles of equal work (no mask) or over causal units of two
+// tiles of equal work together (query blocks m and num_m − 1 − m), where the producer loads the
+// next tile's Q (a second buffer where it fits) and first K / V during this tile's last blocks and
+// epilogue; one tile per CTA for windowed and varlen calls (tiles of unequal work, which the
+// hardware's block scheduler balances). K and V have full barriers of their own (one arrival plus the tile's bytes),
 // so S starts while V still lands. K and V have empty barriers of their own too (one arrival per
 // consumer warpgroup): a K stage is free once its S has retired, a V stage once its P V has, and the
 // producer loads V one block behind K, so the next K never waits behind a V release.
 //
 //   D     query × key block   shared memory (Q buffers + 2 × (K + V))   registers per consumer thread
-//   64    128 × 128           2 · 16 + 2 · (16 + 16) = 96 KiB          S 64, O 32, P 32
+//   64    192 × 128           2 · 24 + 2 · (16 + 16) = 112 KiB         S 64, O 32, P 32 (of 160)
 //   128   128 × 128           2 · 32 + 2 · (32 + 32) = 192 KiB         S 64, O 64, P 32
 //   256   128 × 64            64 + 2 · (32 + 32) = 192 KiB             S 32, O 128, P 16
 // FLOPs per key block and consumer warpgroup: 4 · 64 · N · D (S and P V), 4 MFLOP at D = 128.
+// At D = 64 a warpgroup's exponentials (8K per block) take about as long as its two GEMMs, so a
+// third consumer warpgroup keeps the tensor cores fed while the other two exponentiate (as
+// FlashAttention-3 does there); at D = 128 and 256 the GEMMs dominate and two suffice.
 //
 // Varlen: the TMA maps span the packed rows (batch dim 1) and a sequence's tiles start at its
 // first row, so a tile's rows past the sequence belong to the next one (or are zero past the
@@ -56,7 +60,16 @@ namespace {
 template <int kHeadDim_>
 struct Sm90FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128;
+  static constexpr int kBlockM = kHeadDim == 64 ? 192 : 128;
+  static constexpr int kConsumers = kBlockM / 64;  // consumer warpgroups, 64 query rows each
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  // Registers: the block starts at 65536 / kThreads each (__launch_bounds__ pins it); the producer
+  // gives up to 24 and the consumers share the rest (a multiple of 8): 240 with two, 160 with three.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters =
+      std::min(240, (65536 - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8);
+  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536,
+                "setmaxnreg must balance within the block's registers");
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
   static constexpr int kStages = 2;
   static constexpr int kSlabs = kHeadDim / 64;
@@ -69,13 +82,6 @@ struct Sm90FwdConfig {
   static_assert(kHeadDim % 64 == 0 && kSmemBytes <= 227 * 1024, "tiles must fit shared memory");
 };
 
-constexpr int kThreads = 3 * 128;
-// Registers: the block starts at 65536 / kThreads = 168 each (__launch_bounds__ pins it); the
-// producer gives up to 24 and the consumers take 240, exactly the whole file.
-constexpr int kEntryRegisters = 168, kProducerRegisters = 24, kConsumerRegisters = 240;
-static_assert(kThreads * kEntryRegisters <= 65536 &&
-                  128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kEntryRegisters,
-              "setmaxnreg must balance within the block's registers");
 
 // S (+)= Q Kᵀ for one k16 step: m64nN SS with N the key block.
 template <typename T, int kBlockN>
@@ -109,7 +115,7 @@ struct Sm90Maps {
 };
 
 template <typename T, typename Config>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Config::kThreads, 1)
     flash_fwd_sm90_kernel(const FlashFwdParams p, const __grid_constant__ Sm90Maps maps) {
   namespace sm90 = flashext::sm90;
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
@@ -137,6 +143,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Tiles: t = (head, sequence) · num_m + the query block counted from the last (longest first).
   const int num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const int64_t num_tiles = int64_t(num_m) * p.heads * p.batch;  // (the grid may be smaller: a stride)
+  // A causal dense call on fewer CTAs than tiles walks units of two query blocks of a head, m and
+  // num_m − 1 − m, whose key blocks add up to the same count for every m: equal work per unit, so
+  // a stride over units balances (the middle block of an odd num_m is a unit alone). The stride
+  // loop stays: of each 2 · gridDim.x values of t, the first gridDim.x are the first (longer)
+  // tiles of gridDim.x units, the next gridDim.x their second tiles, so a CTA takes both of a
+  // unit's tiles in turn; t past the units, and the middle block's missing partner, hold no rows.
+  const int half_m = (num_m + 1) / 2;
+  const int64_t num_units = int64_t(half_m) * p.heads * p.batch;
+  const bool paired = p.window_right == 0 && p.window_left < 0 && !varlen && gridDim.x < num_tiles;
+  const int64_t loop_tiles =
+      paired ? 2 * int64_t(gridDim.x) * ((num_units + gridDim.x - 1) / gridDim.x) : num_tiles;
   struct Tile {
     int head, batch, kv_head, seqlen_q, seqlen_k, m_start, m_last, diag, n_lo, num_n_blocks, tma_batch;
     int64_t row_q, row_k;
@@ -144,7 +161,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   const auto tile_at = [&](int64_t t) {
     Tile x;
-    const int m_block = num_m - 1 - int(t % num_m), hb = int(t / num_m);
+    int m_block, hb;
+    bool skip = false;
+    if (!paired) {
+      m_block = num_m - 1 - int(t % num_m);
+      hb = int(t / num_m);
+    } else {
+      const int64_t chunk = t / (2 * int64_t(gridDim.x));
+      const int r = int(t - chunk * 2 * int64_t(gridDim.x));
+      const bool second = r >= int(gridDim.x);
+      const int64_t u = chunk * gridDim.x + (second ? r - int(gridDim.x) : r);
+      hb = int(u / half_m);
+      const int j = int(u - int64_t(hb) * half_m);
+      m_block = second ? j : num_m - 1 - j;
+      skip = u >= num_units || (second && j == num_m - 1 - j);
+      if (skip) hb = 0;
+    }
     x.head = hb % p.heads;
     x.batch = hb / p.heads;
     x.kv_head = x.head / (p.heads / p.heads_kv);
@@ -156,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     x.row_q = seq.q_start;
     x.row_k = seq.k_start;
     x.m_start = m_block * kBlockM;
-    x.rows = x.m_start < x.seqlen_q;
+    x.rows = !skip && x.m_start < x.seqlen_q;
     x.diag = p.align_top_left ? 0 : x.seqlen_k - x.seqlen_q;
     x.m_last = x.m_start + kBlockM - 1;
     int n_lo = 0, n_hi = x.seqlen_k;
@@ -170,25 +202,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kQStages; ++s) {
       sm90::mbarrier_init(&q_full[s], 1);
-      sm90::mbarrier_init(&q_empty[s], 2);  // one thread of each consumer warpgroup
+      sm90::mbarrier_init(&q_empty[s], Config::kConsumers);  // one thread of each consumer warpgroup
     }
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&k_full[s], 1);
       sm90::mbarrier_init(&v_full[s], 1);
-      sm90::mbarrier_init(&k_empty[s], 2);  // one thread of each consumer warpgroup
-      sm90::mbarrier_init(&v_empty[s], 2);
+      sm90::mbarrier_init(&k_empty[s], Config::kConsumers);
+      sm90::mbarrier_init(&v_empty[s], Config::kConsumers);
     }
     sm90::fence_barrier_init();
   }
   __syncthreads();
 
   if (warpgroup == 0) {  // producer: one thread issues the copies, the rest give their registers up
-    sm90::setmaxnreg_dec<kProducerRegisters>();
+    sm90::setmaxnreg_dec<Config::kProducerRegisters>();
     if (threadIdx.x == 0) {
       // Q loads and K / V blocks counted over every tile of this CTA: a stage's use g waits for
       // the release of its use g − stages (the empty barrier's phase g / stages − 1).
       int q_uses = 0, kv_uses = 0;
-      for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      for (int64_t t = blockIdx.x; t < loop_tiles; t += gridDim.x) {
         const Tile x = tile_at(t);
         if (x.num_n_blocks == 0) continue;  // nothing to load: the consumers write zeros
         const int qs = q_uses % kQStages;
@@ -223,8 +255,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  // Consumers: warpgroup c = 0, 1 owns query rows 64 c + [0, 64); this thread rows row0 and row0 + 8.
-  sm90::setmaxnreg_inc<kConsumerRegisters>();
+  // Consumers: warpgroup c = 0, 1 (, 2) owns query rows 64 c + [0, 64); this thread rows row0 and row0 + 8.
+  sm90::setmaxnreg_inc<Config::kConsumerRegisters>();
   const int c = warpgroup - 1, warp = (threadIdx.x / 32) % 4, quad = lane % 4;
   const int row0 = 64 * c + 16 * warp + lane / 4;  // within the block
   const bool softcap_on = p.softcap > 0.0f;
@@ -239,16 +271,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   Tile x{};              // the tile in hand (the steps below read it)
   uint64_t desc_q0 = 0;  // its Q buffer's descriptor: slab 0, this warpgroup's 64 rows (64 · 128 bytes in)
   // Zeroes rows [first, kBlockN) of a landed V tile (every slab; the swizzle moves 16-byte chunks
-  // only within a row's 128 bytes), all 256 consumer threads together, then orders the stores
-  // before either warpgroup's wgmma reads the tile (named barrier 3: both consumer warpgroups).
+  // only within a row's 128 bytes), all consumer threads together, then orders the stores before
+  // any warpgroup's wgmma reads the tile (named barrier 3: every consumer warpgroup).
   const auto zero_rows_past = [&](unsigned char* tile, int first) {
     const int chunks = (kBlockN - first) * 8;  // 16-byte chunks per slab
-    for (int i = threadIdx.x - 128; i < chunks * kSlabs; i += 256) {
+    for (int i = threadIdx.x - 128; i < chunks * kSlabs; i += 128 * Config::kConsumers) {
       const int slab = i / chunks, chunk = i % chunks;
       *reinterpret_cast<uint4*>(tile + slab * Config::kSlabBytesKV + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
     }
     sm90::fence_proxy_async();
-    sm90::named_barrier_sync(3, 256);
+    sm90::named_barrier_sync(3, 128 * Config::kConsumers);
   };
   // Varlen: block b's V rows past the sequence zeroed once the tile has landed (its last block).
   const auto guard_v = [&](int stage, int b) {
@@ -380,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // warpgroup computes exponentials. P is rewritten only once its P V has retired. Stages and
   // phases count this CTA's Q loads and K / V blocks over its tiles, as the producer counts them.
   int q_uses = 0, kv_uses = 0;
-  for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+  for (int64_t t = blockIdx.x; t < loop_tiles; t += gridDim.x) {
     x = tile_at(t);
     if (!x.rows) continue;  // the whole block past this sequence
 #pragma unroll
@@ -474,13 +506,21 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, Config::kBlockN));
   auto kernel = flash_fwd_sm90_kernel<T, Config>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
-  // Tiles of equal work (no causal mask, no window, a dense batch): a CTA per SM walking them, so
-  // a tile's prologue overlaps the previous one's end; else a CTA per tile, longest first.
-  const int64_t tiles = (p.seqlen_q + int64_t(Config::kBlockM) - 1) / Config::kBlockM * p.heads * p.batch;
+  // Tiles of equal work (no causal mask, no window, a dense batch), or causal units of two tiles
+  // of equal work: a CTA per SM walking them, so a tile's prologue
+  // overlaps the previous one's end; else a CTA per tile, longest first.
+  const int64_t num_m = (p.seqlen_q + int64_t(Config::kBlockM) - 1) / Config::kBlockM;
+  const int64_t tiles = num_m * p.heads * p.batch, units = (num_m + 1) / 2 * p.heads * p.batch;
+  const int sms = std::max(1, current_device_sm_count());
   const bool uniform = !varlen && p.window_left < 0 && p.window_right < 0;
-  const int64_t ctas = uniform ? std::max(1, current_device_sm_count()) : int64_t(INT32_MAX);  // (past it: a stride)
+  // (paired only where the last round of units is nearly full: the rounds' padding at most a
+  // tenth of the units, so no CTA takes much more than its share)
+  const int64_t rounds = (units + sms - 1) / sms;
+  const bool paired = !varlen && p.window_left < 0 && p.window_right == 0 && units >= sms &&
+                      (rounds * sms - units) * 10 <= units;
+  const int64_t ctas = uniform || paired ? int64_t(sms) : int64_t(INT32_MAX);  // (past it: a stride)
   const dim3 grid(unsigned(std::min(tiles, ctas)));
-  kernel<<<grid, kThreads, Config::kSmemBytes, stream>>>(p, maps);
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, maps);
   return cudaGetLastError();
 }
 
