@@ -1,5 +1,5 @@
 // flashext Hopper FlashAttention forward (flash_fwd_sm90.cu): flash_attention's and
-// flash_attention_varlen's forward on sm_90 at D = 128 and 256, and at D = 64 from 2K keys, 1K
+// flash_attention_varlen's forward on sm_90 at D = 128 and 256, and at D = 64 from 2K keys, 512
 // without a causal mask (the torch glue dispatches, csrc/torch/attention.cpp; run_flash_fwd stays
 // the FA2-design kernel);
 // FlashFwdKernel.Sm90AgainstCpuReference (tests/cpp/test_attention.cpp) and
