@@ -18,7 +18,8 @@
 #             bench_attention --only ${BENCH_AB_SECTION:-fwd} (fwd, or train for the backward) runs
 #             A B ... A B ... (narrow it with FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to
 #             $OUT/{a1,b1,...,a2,b2,...}.json, for benchmarks/compare_ab.py; FLASHEXT_AB_BENCH=decode
-#             runs bench_decode --only ${BENCH_AB_SECTION:-decode} instead (compared against sdpa_cudnn)
+#             runs bench_decode --only ${BENCH_AB_SECTION:-decode} instead (compared against sdpa_cudnn);
+#             each run ends after FLASHEXT_AB_RUN_TIMEOUT seconds (default 300: a variant that hangs)
 #   context_parallel  two GPUs or more (the nvidia-h200-x2 kind): tests/test_distributed.py (the ring
 #             under NCCL), benchmarks/bench_context_parallel.py and the train_gpt_cp example
 #   pytest_each  pytest once per test file, each in its own process (a fault in one file cannot
@@ -288,8 +289,9 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
       local run=${names[$i]}$round
       echo "ab: run $run (at ${SECONDS} s)"
       rm -rf /tmp/flashext_ab_out_$run
-      (cd "${dirs[$i]}" && OUT=/tmp/flashext_ab_out_$run $PY benchmarks/bench_$bench.py --only "$section" |
-        { grep -E "vs |of read_anchor" || true; }) || return 1
+      (cd "${dirs[$i]}" && OUT=/tmp/flashext_ab_out_$run timeout -k 10 "${FLASHEXT_AB_RUN_TIMEOUT:-300}" \
+        $PY benchmarks/bench_$bench.py --only "$section" | { grep -E "vs |of read_anchor" || true; }) ||
+        { echo "ab: run $run failed or ran past ${FLASHEXT_AB_RUN_TIMEOUT:-300} s (a hang?)"; return 1; }
       cp /tmp/flashext_ab_out_$run/$bench*.json "$OUT/$run.json"
     done
   done
