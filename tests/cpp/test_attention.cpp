@@ -376,7 +376,7 @@ TYPED_TEST(FlashFwdKernel, Sm90AgainstCpuReference) {
   run_case<TypeParam>(hopper({1, 200, 600, 2, 2, 128, false, 100, 50}));  // windows
   run_case<TypeParam>(hopper({1, 130, 140, 2, 2, 128, true, -1, -1, /*softcap=*/5.0f}));
   run_case<TypeParam>(hopper({3, 1, 300, 8, 8, 128}));                    // one query row
-  for (const int head_dim : {64, 256}) {  // the other tile shapes: 192 × 128 at D = 64, 128 × 64 at 256
+  for (const int head_dim : {64, 256}) {  // the other tile shapes: 192 × 128 at D = 64, 128 × 80 at 256 (128 × 64 under a mask)
     run_case<TypeParam>(hopper({2, 300, 257, 4, 2, head_dim}));
     run_case<TypeParam>(hopper({1, 257, 513, 4, 1, head_dim, /*causal=*/true}));
     run_case<TypeParam>(hopper({1, 200, 600, 2, 2, head_dim, false, 100, 50}));

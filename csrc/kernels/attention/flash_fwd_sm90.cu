@@ -23,6 +23,7 @@
 //   64    192 × 128           2 · 24 + 2 · (16 + 16) = 112 KiB         S 64, O 32, P 32 (of 160)
 //   128   128 × 128           2 · 32 + 2 · (32 + 32) = 192 KiB         S 64, O 64, P 32
 //   256   128 × 64            64 + 2 · (32 + 32) = 192 KiB             S 32, O 128, P 16
+//         128 × 80 unmasked   64 + 2 · (40 + 40) = 224 KiB             S 40, O 128, P 20
 // FLOPs per key block and consumer warpgroup: 4 · 64 · N · D (S and P V), 4 MFLOP at D = 128.
 // At D = 64 a warpgroup's exponentials (8K per block) take about as long as its two GEMMs, so a
 // third consumer warpgroup keeps the tensor cores fed while the other two exponentiate (as
@@ -57,7 +58,7 @@ namespace attention_detail {
 namespace {
 
 // Tiles per head dim (the table above). A tile of R rows is D / 64 slabs of R × 128 bytes.
-template <int kHeadDim_>
+template <int kHeadDim_, int kBlockN_ = (kHeadDim_ <= 128 ? 128 : 64)>
 struct Sm90FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kHeadDim == 64 ? 192 : 128;
@@ -70,7 +71,7 @@ struct Sm90FwdConfig {
       std::min(240, (65536 - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8);
   static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536,
                 "setmaxnreg must balance within the block's registers");
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = 2;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
@@ -88,9 +89,10 @@ template <typename T, int kBlockN>
 __device__ __forceinline__ void qk_step(float (&s)[kBlockN / 2], uint64_t desc_q, uint64_t desc_k, int accumulate) {
   if constexpr (kBlockN == 128) {
     flashext::sm90::wgmma_m64n128k16_ss<T, 0>(s, desc_q, desc_k, accumulate);
-  } else {
-    static_assert(kBlockN == 64, "key blocks of 64 or 128");
+  } else if constexpr (kBlockN == 64) {
     flashext::sm90::wgmma_m64n64k16_ss<T, 0>(s, desc_q, desc_k, accumulate);
+  } else {
+    flashext::sm90::wgmma_m64nNk16_ss<T, kBlockN>(s, desc_q, desc_k, accumulate);
   }
 }
 
@@ -544,10 +546,15 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   if (p.seqlen_k <= 0 || (varlen && (p.total_q <= 0 || p.total_k <= 0))) return cudaErrorInvalidValue;
   return with_16bit_type(p.dtype, cudaErrorInvalidValue, [&](auto type) {
     using T = typename decltype(type)::type;
+    // Unmasked dense calls at D = 256 take 80-key blocks: a block's fixed costs (two barrier
+    // waits, the row max and sum shuffles, O's 128 registers rescaled) over 1.25x the keys; +4-12 %
+    // at S >= 1024 (A/B at 2064ba4). Under a mask the wider diagonal blocks cost more masked work
+    // than that saves; at D = 128, 176-key blocks measured 0.98-1.02x (not taken).
+    const bool unmasked = !varlen && p.window_left < 0 && p.window_right < 0;
     switch (p.head_dim) {
       case 64: return launch<T, Sm90FwdConfig<64>>(p, stream);
       case 128: return launch<T, Sm90FwdConfig<128>>(p, stream);
-      default: return launch<T, Sm90FwdConfig<256>>(p, stream);
+      default: return unmasked ? launch<T, Sm90FwdConfig<256, 80>>(p, stream) : launch<T, Sm90FwdConfig<256>>(p, stream);
     }
   });
 }

@@ -292,6 +292,11 @@ FX_DEVICE void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t des
 template <typename T, int kTransB>
 FX_DEVICE void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d);
 
+// The same at n80 (S of D = 256's wider key blocks; d: N / 2 per thread, n8 tile i at
+// d[4 i .. 4 i + 3]), B K-major only.
+template <typename T, int kN>
+FX_DEVICE void wgmma_m64nNk16_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
+
 #define FX_WGMMA_D32                                                                                   \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -404,6 +409,42 @@ FX_DEFINE_WGMMA_64(__half, "f16")
 FX_DEFINE_WGMMA_64(__nv_bfloat16, "bf16")
 FX_DEFINE_WGMMA_128(__half, "f16")
 FX_DEFINE_WGMMA_128(__nv_bfloat16, "bf16")
+
+#define FX_WGMMA_D40 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39}"
+#define FX_WGMMA_D40_OPERANDS \
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+// wgmma_m64nNk16_ss<T, N> with B K-major: R = N / 2 accumulators, then desc_a, desc_b, scale_d as
+// operands R, R + 1 and R + 2 (spelled out: the preprocessor cannot add).
+#if FX_SM90_ENABLED
+#define FX_DEFINE_WGMMA_SSN(T, TYPE, N, R, A, B, S)                                                       \
+  template <>                                                                                            \
+  FX_DEVICE void wgmma_m64nNk16_ss<T, N>(float (&d)[R], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #S ", 0;\n"                                         \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " FX_WGMMA_D##R        \
+                 ", %" #A ", %" #B ", p, 1, 1, 0, 0;\n}\n"                                                 \
+                 : FX_WGMMA_D##R##_OPERANDS                                                              \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                              \
+  }
+#else
+#define FX_DEFINE_WGMMA_SSN(T, TYPE, N, R, A, B, S)                                                       \
+  template <>                                                                                            \
+  FX_DEVICE void wgmma_m64nNk16_ss<T, N>(float (&d)[R], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
+    (void)d, (void)desc_a, (void)desc_b, (void)scale_d;                                                  \
+    __trap();                                                                                            \
+  }
+#endif
+FX_DEFINE_WGMMA_SSN(__half, "f16", 80, 40, 40, 41, 42)
+FX_DEFINE_WGMMA_SSN(__nv_bfloat16, "bf16", 80, 40, 40, 41, 42)
+#undef FX_DEFINE_WGMMA_SSN
+#undef FX_WGMMA_D40
+#undef FX_WGMMA_D40_OPERANDS
 
 #undef FX_DEFINE_WGMMA_64
 #undef FX_DEFINE_WGMMA_128
