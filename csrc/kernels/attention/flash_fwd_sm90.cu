@@ -1,6 +1,6 @@
-// flashext FlashAttention forward on Hopper (sm_90a), version 2: the structure of the plan in
-// docs/notes/attention.md ("Plan for the Hopper forward") with the overlap inside a warpgroup
-// (block j's softmax while block j - 1's P V runs)
+// flashext FlashAttention forward on Hopper (sm_90a): the structure of the plan in
+// docs/notes/attention.md ("Plan for the Hopper forward", versions and figures there) with the
+// overlap inside a warpgroup (block j's softmax while block j - 1's P V runs)
 // (flash_fwd_sm90.h says who calls, checks and times it).
 //
 // D = 64, 128 and 256, dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
