@@ -9,11 +9,18 @@
 #include "flashext/attention.h"
 #ifdef PROBE_TRACE
 namespace flashext { void* flash_fwd_sm90_probe_trace(); }
-static void dump_trace() {  // the trace of a hung launch, by a copy on a stream of its own
-  static int host[1024 * 4 * 8];
-  cudaStream_t s2;
+// Pinned host memory and a stream of its own, made before the launches (allocations may wait for
+// the device), so the copy of a hung launch's trace runs beside it.
+static int* host = nullptr;
+static cudaStream_t s2;
+static void prepare_trace() {
+  cudaMallocHost(&host, 1024 * 4 * 8 * sizeof(int));
   cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
-  cudaMemcpyAsync(host, flashext::flash_fwd_sm90_probe_trace(), sizeof(host), cudaMemcpyDeviceToHost, s2);
+  cudaMemsetAsync(flashext::flash_fwd_sm90_probe_trace(), 0, 1024 * 4 * 8 * sizeof(int), s2);
+  cudaStreamSynchronize(s2);
+}
+static void dump_trace() {
+  cudaMemcpyAsync(host, flashext::flash_fwd_sm90_probe_trace(), 1024 * 4 * 8 * sizeof(int), cudaMemcpyDeviceToHost, s2);
   cudaStreamSynchronize(s2);
   int shown = 0;
   for (int b = 0; b < 132; ++b) {
@@ -28,6 +35,7 @@ static void dump_trace() {  // the trace of a hung launch, by a copy on a stream
   fflush(stdout);
 }
 #else
+static void prepare_trace() {}
 static void dump_trace() {}
 #endif
 int main(int argc, char** argv) {
@@ -47,6 +55,7 @@ int main(int argc, char** argv) {
   p.batch = b; p.heads = h; p.heads_kv = h; p.head_dim = d; p.seqlen_q = s; p.seqlen_k = s;
   p.softmax_scale = 0.125f; p.window_left = -1; p.window_right = causal ? 0 : -1;
   p.dtype = flashext::DType::kBFloat16;
+  prepare_trace();
   for (int rep = 0; rep < 20; ++rep) {
     const cudaError_t e = flashext::run_flash_fwd_sm90(p, nullptr);
     if (e != cudaSuccess) { printf("launch error %s\n", cudaGetErrorString(e)); return 2; }
