@@ -2,33 +2,38 @@
 # A hang probe for the Hopper forward (a debugging tool, not part of the build or the tests): builds
 # probe_sm90.cu against flash_fwd_sm90.cu alone (seconds, not the whole extension) for this tree
 # and for each patch of PROBE_PATCHES, then launches every shape of PROBE_SHAPES ("D causal B S H",
-# ';'-separated) 20 times under a watchdog and prints OK or HANG per shape. A patch that defines
-# g_probe_trace (sm90_fwd_wg_own_trace.patch) also gets, on a hang, the last barrier wait of every
-# role of the stuck CTAs. On the GPU machine, e.g.:
-#   PROBE_PATCHES="benchmarks/experiments/sm90_fwd_wg_own_trace.patch" PROBE_SHAPES="64 1 32 512 32" \
+# ';'-separated) 20 times under a watchdog and prints OK, an error or HANG per shape. On the GPU
+# machine, e.g.:
+#   PROBE_PATCHES="benchmarks/experiments/sm90_fwd_wg_own_blocks.patch" PROBE_SHAPES="64 1 32 512 32" \
 #     bash benchmarks/experiments/probe_sm90.sh
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
 ROOT=$PWD
 build() {  # build NAME [PATCH]
-  local dir=/tmp/probe_$1 flags=()
-  rm -rf $dir && mkdir -p $dir && cp -r csrc benchmarks $dir/
-  [ -n "${2:-}" ] && (cd $dir && patch -p1 -s < $ROOT/$2)
-  grep -q g_probe_trace $dir/csrc/kernels/attention/flash_fwd_sm90.cu && flags=(-DPROBE_TRACE)
-  (cd $dir && nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DFLASHEXT_CUDA_ARCHS='"sm_90a"' "${flags[@]}" \
+  local dir=/tmp/probe_$1
+  rm -rf "$dir" && mkdir -p "$dir" && cp -r csrc benchmarks "$dir"/
+  if [ -n "${2:-}" ]; then
+    (cd "$dir" && patch -p1 -s <"$ROOT/$2") || { echo "probe: $2 does not apply"; return 1; }
+  fi
+  (cd "$dir" && nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DFLASHEXT_CUDA_ARCHS='"sm_90a"' \
     -Icsrc/include -Icsrc/kernels benchmarks/experiments/probe_sm90.cu csrc/kernels/attention/flash_fwd_sm90.cu \
-    csrc/kernels/common/tma.cpp csrc/kernels/common/device.cpp csrc/kernels/build_info.cpp -o $dir/probe \
-    > $dir/build.log 2>&1 || { echo "build $1 failed"; tail -20 $dir/build.log; })
+    csrc/kernels/common/tma.cpp csrc/kernels/common/device.cpp csrc/kernels/build_info.cpp -o probe \
+    >build.log 2>&1) || { echo "probe: build $1 failed"; tail -20 "$dir/build.log"; return 1; }
 }
-names=(base); build base &
+names=(base)
+build base &
 i=0
-for p in ${PROBE_PATCHES:-}; do i=$((i+1)); names+=(v$i); build v$i $p & done
+for p in ${PROBE_PATCHES:-}; do
+  i=$((i + 1)); names+=(v$i); echo "v$i: $p"
+  build v$i "$p" &
+done
 wait
 echo "built at $SECONDS s"
+IFS=';' read -ra shapes <<<"${PROBE_SHAPES:-64 0 32 512 32;64 1 32 512 32;64 0 1 512 1;64 0 2 8192 32;128 0 32 512 16;128 1 32 512 16;256 0 32 512 8;256 1 32 512 8}"
 for n in "${names[@]}"; do
   echo "== $n"
-  IFS=';' read -ra shapes <<< "${PROBE_SHAPES:-64 0 32 512 32;64 1 32 512 32;64 0 1 512 1;64 0 2 8192 32;128 0 32 512 16;128 1 32 512 16;256 0 32 512 8;256 1 32 512 8}"
+  [ -x "/tmp/probe_$n/probe" ] || { echo "  (not built)"; continue; }
   for shape in "${shapes[@]}"; do
-    timeout -k 2 14 /tmp/probe_$n/probe $shape || echo "  rc=$? for $shape"
+    timeout -k 2 14 "/tmp/probe_$n/probe" $shape || echo "  rc=$? for $shape"
   done
 done

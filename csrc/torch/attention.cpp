@@ -204,7 +204,7 @@ flashext::FlashFwdParams attention_params(const at::Tensor& q, const at::Tensor&
 
 // Where the Hopper forward beats the FA2-design one on the H200 (bench_attention, 227d902): at
 // D = 128 and 256 at every length, at D = 64 from 2K keys, or 512 without a causal mask (there
-// the Hopper kernel's 192-row blocks win by 1.19x; causal at 512 the FA2 design's 128 × 128 tiles
+// the Hopper kernel's 192-row blocks win by 1.2x; causal at 512 the FA2 design's 128 × 128 tiles
 // win by 1.36x, at 1K the two tie). Windowed calls take the same thresholds (a right window of 0
 // counts as causal), unmeasured.
 bool hopper_forward_wins(int head_dim, int seqlen_k, bool causal) {
