@@ -12,6 +12,8 @@
 #include <torch/library.h>
 
 #include <array>
+#include <functional>
+#include <initializer_list>
 #include <cmath>
 #include <optional>
 #include <tuple>
@@ -211,18 +213,25 @@ bool hopper_forward_wins(int head_dim, int seqlen_k, bool causal) {
   return head_dim == 128 || head_dim == 256 || (head_dim == 64 && seqlen_k >= (causal ? 2048 : 512));
 }
 
-// The forward of a dense or varlen call: on an sm_90 GPU with an sm_90a build, where
-// hopper_forward_wins and there are keys, the Hopper kernel (whose TMA maps take no zero strides,
-// which broadcast views such as expand() have), unless flashext::hopper_kernels_enabled() says no;
-// else the FA2-design kernel.
+// Whether the Hopper kernels may take a call whose TMA maps read these tensors: an sm_90 GPU with
+// an sm_90a build, flashext::hopper_kernels_enabled(), and no zero strides (which broadcast views
+// such as expand() have, and a TMA map does not take).
+bool hopper_kernels_take(std::initializer_list<std::reference_wrapper<const at::Tensor>> tensors) {
+  int major = 0, minor = 0;
+  device_capability(tensors.begin()->get().get_device(), &major, &minor);
+  for (const at::Tensor& t : tensors) {
+    if (has_zero_strides(t)) return false;
+  }
+  return flashext::hopper_kernels_enabled() && flashext::flash_fwd_sm90_supported(major, minor);
+}
+
+// The forward of a dense or varlen call: the Hopper kernel where hopper_forward_wins, there are
+// keys and hopper_kernels_take the inputs; else the FA2-design kernel.
 cudaError_t run_forward(const flashext::FlashFwdParams& p, const at::Tensor& q, const at::Tensor& k,
                         const at::Tensor& v) {
-  int major = 0, minor = 0;
-  device_capability(q.get_device(), &major, &minor);
   const bool keys = p.seqlen_k > 0 && (p.cu_seqlens_q == nullptr || (p.total_q > 0 && p.total_k > 0));
-  const bool hopper = hopper_forward_wins(p.head_dim, p.seqlen_k, p.window_right == 0) && keys &&
-                      !has_zero_strides(q) && !has_zero_strides(k) && !has_zero_strides(v) &&
-                      flashext::hopper_kernels_enabled() && flashext::flash_fwd_sm90_supported(major, minor);
+  const bool hopper =
+      hopper_forward_wins(p.head_dim, p.seqlen_k, p.window_right == 0) && keys && hopper_kernels_take({q, k, v});
   return hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));
 }
 
@@ -432,14 +441,9 @@ void run_backward(const char* fn, const at::Tensor& dout_in, const at::Tensor& q
     FX_CHECK(flashext::flash_bwd_sm90_takes(p), fn, ": these inputs are outside the Hopper backward's version 0 "
              "(D = 128, dense, full or causal, 16-byte aligned rows)");
   }
-  // The Hopper backward wherever it takes the call (1.19-1.41x the FA2-design backward on the H200
-  // at every point of bench_attention's training grid, eb68e1b), unless hopper_kernels_enabled()
-  // says no; its TMA maps take no zero strides (broadcast views).
-  int major = 0, minor = 0;
-  device_capability(q.get_device(), &major, &minor);
-  if (sm90 || (flashext::flash_bwd_sm90_takes(p) && !has_zero_strides(q) && !has_zero_strides(k) &&
-               !has_zero_strides(v) && !has_zero_strides(dout) && flashext::hopper_kernels_enabled() &&
-               flashext::flash_fwd_sm90_supported(major, minor))) {
+  // The Hopper backward wherever it and hopper_kernels_take the call (1.19-1.41x the FA2-design
+  // backward on the H200 at every point of bench_attention's training grid, eb68e1b).
+  if (sm90 || (flashext::flash_bwd_sm90_takes(p) && hopper_kernels_take({q, k, v, dout}))) {
     check_launch(fn, flashext::run_flash_bwd_sm90(p, workspace.data_ptr(), current_stream(dq)));
   } else {
     check_launch(fn, flashext::run_flash_bwd(p, workspace.data_ptr(), current_stream(dq)));

@@ -421,28 +421,29 @@ FX_DEFINE_WGMMA_128(__nv_bfloat16, "bf16")
       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
 // wgmma_m64nNk16_ss<T, N> with B K-major: R = N / 2 accumulators, then desc_a, desc_b, scale_d as
-// operands R, R + 1 and R + 2 (spelled out: the preprocessor cannot add).
+// operands R, R + 1 and R + 2 (spelled out: the preprocessor cannot add); the body as the
+// other shapes' (FX_WGMMA_SSN under the same switch as FX_WGMMA_SS).
 #if FX_SM90_ENABLED
-#define FX_DEFINE_WGMMA_SSN(T, TYPE, N, R, A, B, S)                                                       \
-  template <>                                                                                            \
-  FX_DEVICE void wgmma_m64nNk16_ss<T, N>(float (&d)[R], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #S ", 0;\n"                                         \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " FX_WGMMA_D##R        \
-                 ", %" #A ", %" #B ", p, 1, 1, 0, 0;\n}\n"                                                 \
-                 : FX_WGMMA_D##R##_OPERANDS                                                              \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                              \
-  }
+#define FX_WGMMA_SSN(TYPE, N, R, A, B, S)                                                       \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #S ", 0;\n"                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " FX_WGMMA_D##R \
+               ", %" #A ", %" #B ", p, 1, 1, 0, 0;\n}\n"                                          \
+               : FX_WGMMA_D##R##_OPERANDS                                                       \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 #else
+#define FX_WGMMA_SSN(TYPE, N, R, A, B, S)                \
+  (void)d, (void)desc_a, (void)desc_b, (void)scale_d; \
+  __trap();
+#endif
 #define FX_DEFINE_WGMMA_SSN(T, TYPE, N, R, A, B, S)                                                       \
   template <>                                                                                            \
   FX_DEVICE void wgmma_m64nNk16_ss<T, N>(float (&d)[R], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
-    (void)d, (void)desc_a, (void)desc_b, (void)scale_d;                                                  \
-    __trap();                                                                                            \
+    FX_WGMMA_SSN(TYPE, N, R, A, B, S)                                                                    \
   }
-#endif
 FX_DEFINE_WGMMA_SSN(__half, "f16", 80, 40, 40, 41, 42)
 FX_DEFINE_WGMMA_SSN(__nv_bfloat16, "bf16", 80, 40, 40, 41, 42)
 #undef FX_DEFINE_WGMMA_SSN
+#undef FX_WGMMA_SSN
 #undef FX_WGMMA_D40
 #undef FX_WGMMA_D40_OPERANDS
 
