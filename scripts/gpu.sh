@@ -141,7 +141,7 @@ profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash
   local source=()
   [ "${FLASHEXT_PROFILE_SOURCE:-0}" = 1 ] && source=(--section SourceCounters)
   local kernels=flash_fwd
-  [ "${FLASHEXT_PROFILE_BWD:-0}" = 1 ] && kernels="flash_bwd_kernel|flash_bwd_dq_dk_dv"
+  [ "${FLASHEXT_PROFILE_BWD:-0}" = 1 ] && kernels="flash_bwd_kernel|flash_bwd_sm90|flash_bwd_dq_dk_dv"
   [ "${FLASHEXT_PROFILE_CUDNN:-0}" = 1 ] && kernels="$kernels|cudnn|fprop|dgrad|sdpa|sm90"
   [ "${FLASHEXT_PROFILE_DECODE:-0}" = 1 ] && kernels="flash_decode|cudnn|fprop|sdpa|sm90"
   ncu --clock-control none -k "regex:$kernels" -f -o "$OUT/attention_profile" \

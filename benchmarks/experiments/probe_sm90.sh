@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# A hang probe for the Hopper forward (a debugging tool, not part of the build or the tests): builds
+# A probe for the Hopper forward (a debugging tool, not part of the build or the tests): builds
 # probe_sm90.cu against flash_fwd_sm90.cu alone (seconds, not the whole extension) for this tree
 # and for each patch of PROBE_PATCHES, then launches every shape of PROBE_SHAPES ("D causal B S H",
-# ';'-separated) 20 times under a watchdog and prints OK, an error or HANG per shape. On the GPU
-# machine, e.g.:
-#   PROBE_PATCHES="benchmarks/experiments/sm90_fwd_wg_own_blocks.patch" PROBE_SHAPES="64 1 32 512 32" \
+# ';'-separated) 20 times under a watchdog and prints per shape OK with the time per launch and a
+# hash of O and the lse, an error, or HANG. A patch that keeps the math keeps the hashes (a quick
+# check that it is right before the A/B runs the tests). The binaries stay in /tmp/probe_NAME/probe
+# for more runs in the same call; each shape runs its variants side by side, PROBE_ROUNDS (2) times. On the GPU machine, e.g.:
+#   PROBE_PATCHES="benchmarks/experiments/sm90_fwd_prime_next_tile.patch" PROBE_SHAPES="128 0 16 1024 16" \
 #     bash benchmarks/experiments/probe_sm90.sh
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
@@ -31,9 +33,14 @@ wait
 echo "built at $SECONDS s"
 IFS=';' read -ra shapes <<<"${PROBE_SHAPES:-64 0 32 512 32;64 1 32 512 32;64 0 1 512 1;64 0 2 8192 32;128 0 32 512 16;128 1 32 512 16;256 0 32 512 8;256 1 32 512 8}"
 for n in "${names[@]}"; do
-  echo "== $n"
-  [ -x "/tmp/probe_$n/probe" ] || { echo "  (not built)"; continue; }
-  for shape in "${shapes[@]}"; do
-    timeout -k 2 14 "/tmp/probe_$n/probe" $shape || echo "  rc=$? for $shape"
+  [ -x "/tmp/probe_$n/probe" ] || echo "$n: not built"
+done
+# Shapes outer, variants inner, PROBE_ROUNDS rounds: each shape's variants run side by side
+for shape in "${shapes[@]}"; do
+  for round in $(seq "${PROBE_ROUNDS:-2}"); do
+    for n in "${names[@]}"; do
+      [ -x "/tmp/probe_$n/probe" ] || continue
+      echo "$n: $(timeout -k 2 14 "/tmp/probe_$n/probe" $shape || echo "rc=$? for $shape")"
+    done
   done
 done
