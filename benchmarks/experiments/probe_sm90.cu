@@ -2,7 +2,8 @@
 // dense bf16 shape of pseudo-random inputs, 20 launches of run_flash_fwd_sm90, then "OK" with the
 // time per launch and a hash of O and the lse (equal hashes: bitwise-equal outputs, to compare a
 // patched kernel with the tested one), an error, or "HANG" when they have not finished after 8 s
-// (exit status 0, 2 and 3).
+// (exit status 0, 2 and 3). Built with -DFLASHEXT_PROBE_TIMELINE against the timeline patch
+// (timeline_sm90.sh), it then traces one more launch and writes the trace to $PROBE_TIMELINE_OUT.
 #include <cuda_runtime.h>
 #include <chrono>
 #include <cstdio>
@@ -84,5 +85,28 @@ int main(int argc, char** argv) {
   const double flops = 4.0 * b * h * double(s) * s * d / (causal ? 2 : 1);
   std::printf("D=%d causal=%d B=%d S=%d H=%d OK %.1f us %.0f TFLOP/s hash %016llx\n", d, causal, b, s, h,
               1000.0 * ms / 15, flops * 15 / (ms * 1e9), (unsigned long long)hash);
+#ifdef FLASHEXT_PROBE_TIMELINE
+  if (const char* path = std::getenv("PROBE_TIMELINE_OUT")) {
+    // 8 CTAs × 4 warpgroups × 8192 slots of (clock64 << 8 | event), then the SM clock in kHz
+    const size_t slots = size_t(8) * 4 * 8192;
+    unsigned long long* trace;
+    cudaMalloc(&trace, slots * 8);
+    cudaMemset(trace, 0, slots * 8);
+    flashext::flash_fwd_sm90_set_timeline(trace);
+    flashext::run_flash_fwd_sm90(p, nullptr);
+    cudaDeviceSynchronize();
+    flashext::flash_fwd_sm90_set_timeline(nullptr);
+    std::vector<unsigned long long> host(slots + 1);
+    cudaMemcpy(host.data(), trace, slots * 8, cudaMemcpyDeviceToHost);
+    int khz = 0;
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+    host[slots] = (unsigned long long)khz;
+    if (FILE* f = std::fopen(path, "wb")) {
+      std::fwrite(host.data(), 8, host.size(), f);
+      std::fclose(f);
+    }
+    std::printf("timeline: %s (%s)\n", path, cudaGetErrorString(cudaGetLastError()));
+  }
+#endif
   return 0;
 }

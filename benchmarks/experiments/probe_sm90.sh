@@ -13,7 +13,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 ROOT=$PWD
 build() {  # build NAME [PATCH]
   local dir=/tmp/probe_$1
-  rm -rf "$dir" && mkdir -p "$dir" && cp -r csrc benchmarks "$dir"/
+  rm -rf "$dir" && mkdir -p "$dir" && cp -r csrc benchmarks tests "$dir"/
   if [ -n "${2:-}" ]; then
     (cd "$dir" && patch -p1 -s <"$ROOT/$2") || { echo "probe: $2 does not apply"; return 1; }
   fi

@@ -1,0 +1,119 @@
+"""Plot a Hopper-forward trace from timeline_sm90.sh (a debugging tool, not part of the package).
+
+    python benchmarks/experiments/plot_sm90_timeline.py TRACE.bin OUT.png [--cta 0] [--us 40]
+
+The trace: 8 CTAs x 4 warpgroups x 8192 slots of (clock64 << 8 | event), then the SM clock in kHz
+(the events: sm90_fwd_timeline.patch). One lane per warpgroup of one CTA: the producer's TMA
+issues as ticks (Q, K, V), each consumer's time split by the event that ends it (waiting for K / V,
+issuing, waiting for S, the softmax, waiting for P V, the epilogue). Printed: each consumer's
+share of time per phase over the whole CTA, tiles and their mean length, and the mean time per
+key block (between consecutive S arrivals inside a tile).
+"""
+
+import argparse
+import statistics
+
+import numpy as np
+
+EVENTS = {1: "tile start", 2: "K / V ready", 3: "issued", 4: "S ready", 5: "softmax done", 6: "P V done",
+          7: "epilogue start", 8: "epilogue end", 16: "load Q", 17: "load K", 18: "load V"}
+# a consumer's time before an event, named by that event
+PHASES = {2: ("wait K / V, rescale", "#bbbbbb"), 3: ("issue", "#ffcc66"), 4: ("wait S", "#6699ff"),
+          5: ("softmax", "#ff6666"), 6: ("wait P V", "#66cc99"), 7: ("after P V", "#dddddd"),
+          8: ("epilogue", "#aa66cc"), 1: ("next tile", "#eeeeee")}
+
+
+def load(path):
+    raw = np.fromfile(path, dtype=np.uint64)
+    khz = float(raw[-1])
+    data = raw[:-1].reshape(8, 4, 8192)
+    return data, khz
+
+
+def lanes(data, cta):
+    out = []
+    for wg in range(4):
+        row = data[cta, wg]
+        row = row[row != 0]
+        out.append([(int(v >> np.uint64(8)), int(v & np.uint64(0xFF))) for v in row])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace")
+    ap.add_argument("png")
+    ap.add_argument("--cta", type=int, default=0)
+    ap.add_argument("--us", type=float, default=40.0, help="the plotted window from the CTA's first event, in us")
+    args = ap.parse_args()
+    data, khz = load(args.trace)
+    ls = lanes(data, args.cta)
+    starts = [lane[0][0] for lane in ls if lane]
+    if not starts:
+        raise SystemExit("no events for this CTA")
+    t0 = min(starts)
+    us = lambda cycles: (cycles - t0) / khz * 1e3  # noqa: E731 (cycles at the nominal SM clock)
+
+    shares, tile_lengths, block_times = {}, [], []
+    for wg in range(1, 4):
+        lane = ls[wg]
+        if not lane:
+            continue
+        totals = {}
+        for (ta, _), (tb, eb) in zip(lane, lane[1:]):
+            name = PHASES.get(eb, (EVENTS.get(eb, str(eb)), None))[0]
+            totals[name] = totals.get(name, 0) + tb - ta
+        span = lane[-1][0] - lane[0][0]
+        shares[wg] = {k: v / span for k, v in totals.items()}
+        tiles = [t for t, e in lane if e == 1]
+        tile_lengths += [b - a for a, b in zip(tiles, tiles[1:])]
+        last_s = None
+        for t, e in lane:
+            if e == 1:
+                last_s = None
+            elif e == 4:
+                if last_s is not None:
+                    block_times.append(t - last_s)
+                last_s = t
+    print(f"CTA {args.cta}, SM clock {khz / 1e3:.0f} MHz (nominal)")
+    for wg, share in shares.items():
+        print(f"  consumer {wg}: " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in sorted(share.items(), key=lambda kv: -kv[1])))
+    if tile_lengths:
+        print(f"  tiles: {len(tile_lengths)} complete, mean {statistics.mean(tile_lengths) / khz * 1e3:.2f} us")
+    if block_times:
+        print(f"  key block (S to S inside a tile): median {statistics.median(block_times) / khz * 1e3:.3f} us")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(14, 3.2))
+    seen = set()
+    for wg in range(1, 4):
+        lane = ls[wg]
+        for (ta, _), (tb, eb) in zip(lane, lane[1:]):
+            if us(ta) > args.us:
+                break
+            name, color = PHASES.get(eb, (EVENTS.get(eb, str(eb)), "#000000"))
+            ax.barh(wg, us(tb) - us(ta), left=us(ta), height=0.7, color=color, label=None if name in seen else name)
+            seen.add(name)
+    marks = {16: ("Q", "v", "#000000"), 17: ("K", "|", "#3355cc"), 18: ("V", "|", "#cc5533")}
+    for t, e in ls[0]:
+        if us(t) > args.us or e not in marks:
+            continue
+        label, marker, color = marks[e]
+        ax.plot(us(t), 0, marker=marker, color=color, markersize=10, label=None if label in seen else f"load {label}")
+        seen.add(label)
+    ax.set_yticks(range(4), ["producer"] + [f"consumer {c}" for c in range(1, 4)])
+    ax.set_ylim(3.6 if ls[3] else 2.6, -0.6)
+    ax.set_xlim(0, args.us)
+    ax.set_xlabel("us from the CTA's first event (SM cycles at the nominal clock)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=6, fontsize=8)
+    ax.set_title(f"Hopper forward, CTA {args.cta}: {args.trace.split('/')[-1]}")
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
