@@ -1,13 +1,15 @@
-"""Plot a Hopper-forward trace from timeline_sm90.sh (a debugging tool, not part of the package).
+"""Plot a Hopper forward or backward trace from timeline_sm90.sh (a debugging tool, not part of
+the package).
 
-    python benchmarks/experiments/plot_sm90_timeline.py TRACE.bin OUT.png [--cta 0] [--us 40]
+    python benchmarks/experiments/plot_sm90_timeline.py [--kind fwd|bwd] TRACE.bin OUT.png [--cta 0] [--us 40]
 
 The trace: 8 CTAs x 4 warpgroups x 8192 slots of (clock64 << 8 | event), then the SM clock in kHz
-(the events: sm90_fwd_timeline.patch). One lane per warpgroup of one CTA: the producer's TMA
-issues as ticks (Q, K, V), each consumer's time split by the event that ends it (waiting for K / V,
-issuing, waiting for S, the softmax, waiting for P V, the epilogue). Printed: each consumer's
-share of time per phase over the whole CTA, tiles and their mean length, and the mean time per
-key block (between consecutive S arrivals inside a tile).
+(the events: sm90_fwd_timeline.patch, sm90_bwd_timeline.patch). One lane per warpgroup of one
+CTA: the producer's TMA issues as ticks, each consumer's time split by the event that ends it
+(forward: waiting for K / V, issuing, waiting for S, the softmax, waiting for P V, the epilogue;
+backward: each step's GEMM issues and waits, P, dS, the barriers, dQ out). Printed: each
+consumer's share of time per phase over the whole CTA, tiles and their mean length, and the
+median time per key block (forward: between S arrivals inside a tile) or per step (backward).
 """
 
 import argparse
@@ -15,12 +17,26 @@ import statistics
 
 import numpy as np
 
-EVENTS = {1: "tile start", 2: "K / V ready", 3: "issued", 4: "S ready", 5: "softmax done", 6: "P V done",
-          7: "epilogue start", 8: "epilogue end", 16: "load Q", 17: "load K", 18: "load V"}
-# a consumer's time before an event, named by that event
-PHASES = {2: ("wait K / V, rescale", "#bbbbbb"), 3: ("issue", "#ffcc66"), 4: ("wait S", "#6699ff"),
-          5: ("softmax", "#ff6666"), 6: ("wait P V", "#66cc99"), 7: ("after P V", "#dddddd"),
-          8: ("epilogue", "#aa66cc"), 1: ("next tile", "#eeeeee")}
+# Per kind: a consumer's time before an event, named by that event; the producer's issue ticks;
+# the event that starts a tile and the one that marks a block (forward) or a step (backward).
+KINDS = {
+    "fwd": {
+        "phases": {2: ("wait K / V, rescale", "#bbbbbb"), 3: ("issue", "#ffcc66"), 4: ("wait S", "#6699ff"),
+                   5: ("softmax", "#ff6666"), 6: ("wait P V", "#66cc99"), 7: ("after P V", "#dddddd"),
+                   8: ("epilogue", "#aa66cc"), 1: ("next tile", "#eeeeee")},
+        "marks": {16: ("Q", "v", "#000000"), 17: ("K", "|", "#3355cc"), 18: ("V", "|", "#cc5533")},
+        "tile": 1, "block": 4, "block_name": "key block (S to S inside a tile)",
+    },
+    "bwd": {
+        "phases": {1: ("wait K / V", "#eeeeee"), 2: ("wait Q, dO", "#bbbbbb"), 3: ("issue S, dP", "#ffcc66"),
+                   4: ("wait S", "#6699ff"), 5: ("P", "#ff6666"), 6: ("issue dV", "#ffcc66"),
+                   7: ("wait dP", "#3366cc"), 8: ("dS, to shared", "#ff9999"), 9: ("issue dK", "#ffcc66"),
+                   10: ("dS barrier", "#999999"), 11: ("issue dQ", "#ffcc66"), 12: ("wait dV, dK, dQ", "#66cc99"),
+                   13: ("dQ out, barrier", "#aa66cc"), 14: ("last add", "#dddddd"), 15: ("dK, dV store", "#884499")},
+        "marks": {16: ("K, V", "v", "#000000"), 17: ("Q, dO", "|", "#3355cc")},
+        "tile": 1, "block": 2, "block_name": "step (Q, dO ready to the next)",
+    },
+}
 
 
 def load(path):
@@ -41,11 +57,14 @@ def lanes(data, cta):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--kind", choices=sorted(KINDS), default="fwd")
     ap.add_argument("trace")
     ap.add_argument("png")
     ap.add_argument("--cta", type=int, default=0)
     ap.add_argument("--us", type=float, default=40.0, help="the plotted window from the CTA's first event, in us")
     args = ap.parse_args()
+    kind = KINDS[args.kind]
+    phases = kind["phases"]
     data, khz = load(args.trace)
     ls = lanes(data, args.cta)
     starts = [lane[0][0] for lane in ls if lane]
@@ -61,17 +80,17 @@ def main():
             continue
         totals = {}
         for (ta, _), (tb, eb) in zip(lane, lane[1:]):
-            name = PHASES.get(eb, (EVENTS.get(eb, str(eb)), None))[0]
+            name = phases.get(eb, (str(eb), None))[0]
             totals[name] = totals.get(name, 0) + tb - ta
         span = lane[-1][0] - lane[0][0]
         shares[wg] = {k: v / span for k, v in totals.items()}
-        tiles = [t for t, e in lane if e == 1]
+        tiles = [t for t, e in lane if e == kind["tile"]]
         tile_lengths += [b - a for a, b in zip(tiles, tiles[1:])]
         last_s = None
         for t, e in lane:
-            if e == 1:
+            if e == kind["tile"]:
                 last_s = None
-            elif e == 4:
+            elif e == kind["block"]:
                 if last_s is not None:
                     block_times.append(t - last_s)
                 last_s = t
@@ -81,7 +100,7 @@ def main():
     if tile_lengths:
         print(f"  tiles: {len(tile_lengths)} complete, mean {statistics.mean(tile_lengths) / khz * 1e3:.2f} us")
     if block_times:
-        print(f"  key block (S to S inside a tile): median {statistics.median(block_times) / khz * 1e3:.3f} us")
+        print(f"  {kind['block_name']}: median {statistics.median(block_times) / khz * 1e3:.3f} us")
 
     import matplotlib
 
@@ -95,10 +114,10 @@ def main():
         for (ta, _), (tb, eb) in zip(lane, lane[1:]):
             if us(ta) > args.us:
                 break
-            name, color = PHASES.get(eb, (EVENTS.get(eb, str(eb)), "#000000"))
+            name, color = phases.get(eb, (str(eb), "#000000"))
             ax.barh(wg, us(tb) - us(ta), left=us(ta), height=0.7, color=color, label=None if name in seen else name)
             seen.add(name)
-    marks = {16: ("Q", "v", "#000000"), 17: ("K", "|", "#3355cc"), 18: ("V", "|", "#cc5533")}
+    marks = kind["marks"]
     for t, e in ls[0]:
         if us(t) > args.us or e not in marks:
             continue
@@ -110,7 +129,8 @@ def main():
     ax.set_xlim(0, args.us)
     ax.set_xlabel("us from the CTA's first event (SM cycles at the nominal clock)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=6, fontsize=8)
-    ax.set_title(f"Hopper forward, CTA {args.cta}: {args.trace.split('/')[-1]}")
+    what = "forward" if args.kind == "fwd" else "backward"
+    ax.set_title(f"Hopper {what}, CTA {args.cta}: {args.trace.split('/')[-1]}")
     fig.tight_layout()
     fig.savefig(args.png, dpi=110)
 

@@ -11,6 +11,9 @@
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
 ROOT=$PWD
+# PROBE_BWD=1: the Hopper backward instead (probe_sm90_bwd.cu: D = 128, shapes "128 causal B S H")
+SOURCES=benchmarks/experiments/probe_sm90.cu
+[ "${PROBE_BWD:-0}" = 1 ] && SOURCES="benchmarks/experiments/probe_sm90_bwd.cu csrc/kernels/attention/flash_bwd_sm90.cu"
 build() {  # build NAME [PATCH]
   local dir=/tmp/probe_$1
   rm -rf "$dir" && mkdir -p "$dir" && cp -r csrc benchmarks tests "$dir"/
@@ -18,7 +21,7 @@ build() {  # build NAME [PATCH]
     (cd "$dir" && patch -p1 -s <"$ROOT/$2") || { echo "probe: $2 does not apply"; return 1; }
   fi
   (cd "$dir" && nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DFLASHEXT_CUDA_ARCHS='"sm_90a"' \
-    -Icsrc/include -Icsrc/kernels benchmarks/experiments/probe_sm90.cu csrc/kernels/attention/flash_fwd_sm90.cu \
+    -Icsrc/include -Icsrc/kernels $SOURCES csrc/kernels/attention/flash_fwd_sm90.cu \
     csrc/kernels/common/tma.cpp csrc/kernels/common/device.cpp csrc/kernels/build_info.cpp -o probe \
     >build.log 2>&1) || { echo "probe: build $1 failed"; tail -20 "$dir/build.log"; return 1; }
 }
@@ -31,7 +34,9 @@ for p in ${PROBE_PATCHES:-}; do
 done
 wait
 echo "built at $SECONDS s"
-IFS=';' read -ra shapes <<<"${PROBE_SHAPES:-64 0 32 512 32;64 1 32 512 32;64 0 1 512 1;64 0 2 8192 32;128 0 32 512 16;128 1 32 512 16;256 0 32 512 8;256 1 32 512 8}"
+defaults="64 0 32 512 32;64 1 32 512 32;64 0 1 512 1;64 0 2 8192 32;128 0 32 512 16;128 1 32 512 16;256 0 32 512 8;256 1 32 512 8"
+[ "${PROBE_BWD:-0}" = 1 ] && defaults="128 0 16 1024 16;128 1 16 1024 16;128 0 3 1100 12;128 1 4 4096 16"
+IFS=';' read -ra shapes <<<"${PROBE_SHAPES:-$defaults}"
 for n in "${names[@]}"; do
   [ -x "/tmp/probe_$n/probe" ] || echo "$n: not built"
 done
