@@ -1,5 +1,5 @@
-"""Plot a Hopper forward or backward trace from timeline_sm90.sh (a debugging tool, not part of
-the package).
+"""Plot a Hopper forward or backward trace from probe_sm90.sh with PROBE_TIMELINE=1 (a debugging
+tool, not part of the package).
 
     python benchmarks/experiments/plot_sm90_timeline.py [--kind fwd|bwd] TRACE.bin OUT.png [--cta 0] [--us 40]
 

@@ -12,9 +12,9 @@
 #include <torch/library.h>
 
 #include <array>
+#include <cmath>
 #include <functional>
 #include <initializer_list>
-#include <cmath>
 #include <optional>
 #include <tuple>
 
