@@ -29,7 +29,7 @@ def _deterministic(deterministic: bool) -> bool:
 def use_hopper_kernels(enabled: bool = True) -> bool:
     """Allow (the default) or forbid the Hopper (sm_90a) attention kernels where they apply (on an
     H100/H200 with a build holding sm_90a code: today the forward at head dim 128 and 256, and at 64
-    from 2K keys, 512 without a causal mask; the backward at head dim 128, dense, full or causal,
+    from 512 keys; the backward at head dim 128, dense, full or causal,
     without softcap, when not deterministic). Forbidden,
     every call runs the portable FA2-design kernels, as on other GPUs: to compare the two, or as a
     fallback. Process-wide and read as each call runs (under torch.compile too; a captured CUDA
@@ -54,7 +54,7 @@ def _flash_attention_sm90(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> tuple[Tensor, Tensor]:
     """(out, lse) by the Hopper kernel (wgmma, TMA, warp specialisation) alone: D = 64, 128, 256,
     dense, forward only, on an sm_90 GPU with an sm_90a build (flash_attention uses it there at
-    D = 128 and 256, and at D = 64 from 2K keys, 512 without a causal mask). For its tests and bench_attention; not a public API."""
+    D = 128 and 256, and at D = 64 from 512 keys). For its tests and bench_attention; not a public API."""
     return _ops._flash_attn_fwd_sm90(q, k, v, causal, softmax_scale, window_size[0], window_size[1], softcap)
 
 

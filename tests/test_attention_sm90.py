@@ -36,12 +36,22 @@ def test_seqlens_batches_gqa(dtype, causal, seqlen_q, seqlen_k, head_dim):
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_causal_units_on_persistent_ctas(dtype, head_dim):
-    # 16 query blocks of 128 rows, 11 heads and 3 sequences: 264 units of two blocks, two whole
-    # rounds on 132 SMs, so each CTA walks units (and, with fewer keys, rows that see no key); at
-    # D = 64, 11 blocks of 192 rows and 2 sequences: 132 units, the middle block alone in its unit
-    batch = 2 if head_dim == 64 else 3
+    # 16 query blocks of 128 rows (masked calls under 4K keys take 128-row blocks at every D), 11
+    # heads and 3 sequences: 264 units of two blocks, two whole rounds on 132 SMs, so each CTA walks
+    # units (and, with fewer keys, blocks whose rows see no key)
     for seqlen_q, seqlen_k in ((2048, 2048), (2000, 1500)):
-        check_attention(*make_qkv(batch, seqlen_q, seqlen_k, 11, 1, head_dim, dtype), attend, causal=True)
+        check_attention(*make_qkv(3, seqlen_q, seqlen_k, 11, 1, head_dim, dtype), attend, causal=True)
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_long_masked_calls_at_d64(dtype):
+    # D = 64 under a mask that leaves a row 4K keys or more: 192-row blocks on three consumers.
+    # Causal at 4224: 22 query blocks, 11 units of two per head, 242 units on 132 SMs (paired);
+    # a short query block against long keys; a window 4201 keys wide.
+    check_attention(*make_qkv(2, 4224, 4224, 11, 1, 64, dtype), attend, causal=True)
+    check_attention(*make_qkv(1, 200, 4300, 4, 2, 64, dtype), attend, causal=True)
+    check_attention(*make_qkv(1, 700, 4500, 4, 2, 64, dtype), attend, window_size=(4000, 200))
 
 
 @requires_hopper

@@ -204,13 +204,12 @@ flashext::FlashFwdParams attention_params(const at::Tensor& q, const at::Tensor&
   return p;
 }
 
-// Where the Hopper forward beats the FA2-design one on the H200 (bench_attention, 227d902): at
-// D = 128 and 256 at every length, at D = 64 from 2K keys, or 512 without a causal mask (there
-// the Hopper kernel's 192-row blocks win by 1.2x; causal at 512 the FA2 design's 128 × 128 tiles
-// win by 1.36x, at 1K the two tie). Windowed calls take the same thresholds (a right window of 0
-// counts as causal), unmeasured.
-bool hopper_forward_wins(int head_dim, int seqlen_k, bool causal) {
-  return head_dim == 128 || head_dim == 256 || (head_dim == 64 && seqlen_k >= (causal ? 2048 : 512));
+// Where the Hopper forward beats the FA2-design one on the H200 (bench_attention, 227d902 and
+// the A/B at 480322e): at D = 128 and 256 at every length, at D = 64 from 512 keys (without a
+// mask 1.2x at 512; causal, on 128-row blocks, 1.06x at 512, 1.15x at 1K). Shorter D = 64 calls
+// and windowed calls take the same thresholds, unmeasured.
+bool hopper_forward_wins(int head_dim, int seqlen_k) {
+  return head_dim == 128 || head_dim == 256 || (head_dim == 64 && seqlen_k >= 512);
 }
 
 // Whether the Hopper kernels may take a call whose TMA maps read these tensors: an sm_90 GPU with
@@ -231,7 +230,7 @@ cudaError_t run_forward(const flashext::FlashFwdParams& p, const at::Tensor& q, 
                         const at::Tensor& v) {
   const bool keys = p.seqlen_k > 0 && (p.cu_seqlens_q == nullptr || (p.total_q > 0 && p.total_k > 0));
   const bool hopper =
-      hopper_forward_wins(p.head_dim, p.seqlen_k, p.window_right == 0) && keys && hopper_kernels_take({q, k, v});
+      hopper_forward_wins(p.head_dim, p.seqlen_k) && keys && hopper_kernels_take({q, k, v});
   return hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));
 }
 

@@ -376,19 +376,22 @@ TYPED_TEST(FlashFwdKernel, Sm90AgainstCpuReference) {
   run_case<TypeParam>(hopper({1, 200, 600, 2, 2, 128, false, 100, 50}));  // windows
   run_case<TypeParam>(hopper({1, 130, 140, 2, 2, 128, true, -1, -1, /*softcap=*/5.0f}));
   run_case<TypeParam>(hopper({3, 1, 300, 8, 8, 128}));                    // one query row
-  for (const int head_dim : {64, 256}) {  // the other tile shapes: 192 × 128 at D = 64, 128 × 80 at 256 (128 × 64 under a mask)
+  // The other tile shapes: at D = 64 192 × 128 (128 × 128 under a mask that leaves a row fewer
+  // than 4K keys), at 256 128 × 80 (128 × 64 under a mask)
+  for (const int head_dim : {64, 256}) {
     run_case<TypeParam>(hopper({2, 300, 257, 4, 2, head_dim}));
     run_case<TypeParam>(hopper({1, 257, 513, 4, 1, head_dim, /*causal=*/true}));
     run_case<TypeParam>(hopper({1, 200, 600, 2, 2, head_dim, false, 100, 50}));
     run_case<TypeParam>(hopper({1, 130, 140, 2, 2, head_dim, true, -1, -1, /*softcap=*/5.0f}));
   }
+  run_case<TypeParam>(hopper({1, 200, 4200, 2, 1, 64, /*causal=*/true}));       // masked, 192-row blocks
+  run_case<TypeParam>(hopper({1, 300, 4500, 2, 2, 64, false, 4000, 200}));     // a window 4201 keys wide
   for (const int head_dim : {64, 128, 256}) {  // 144 (D = 64) or 198 equal tiles, more than 132 SMs:
     // persistent CTAs taking a second tile, whose Q and first K / V load during the first's end
     run_case<TypeParam>(hopper({3, 1400, 130, 6, 2, head_dim}));
-    // causal: 132 units of query blocks (2, 0) and (1) (3 blocks of 192 or 128 rows, 66 heads ·
+    // causal: 132 units of query blocks (2, 0) and (1) (3 blocks of 128 rows, 66 heads ·
     // sequences): one round on the H200's SMs; the first 100 rows see no key
-    const int rows = head_dim == 64 ? 500 : 300;
-    run_case<TypeParam>(hopper({6, rows, rows - 100, 11, 1, head_dim, /*causal=*/true}));
+    run_case<TypeParam>(hopper({6, 300, 200, 11, 1, head_dim, /*causal=*/true}));
   }
   for (const int head_dim : {64, 128, 256}) {  // packed varlen: tiles that reach into the next sequence
     Case varlen{0, 0, 0, 4, 2, head_dim, /*causal=*/true};

@@ -1,6 +1,6 @@
 // flashext Hopper FlashAttention forward (flash_fwd_sm90.cu): flash_attention's and
-// flash_attention_varlen's forward on sm_90 at D = 128 and 256, and at D = 64 from 2K keys, 512
-// without a causal mask (the torch glue dispatches, csrc/torch/attention.cpp; run_flash_fwd stays
+// flash_attention_varlen's forward on sm_90 at D = 128 and 256, and at D = 64 from 512 keys
+// (the torch glue dispatches, csrc/torch/attention.cpp; run_flash_fwd stays
 // the FA2-design kernel);
 // FlashFwdKernel.Sm90AgainstCpuReference (tests/cpp/test_attention.cpp) and
 // tests/test_attention_sm90.py (through the private op flashext::_flash_attn_fwd_sm90) check it
