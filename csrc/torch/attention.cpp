@@ -438,7 +438,7 @@ void run_backward(const char* fn, const at::Tensor& dout_in, const at::Tensor& q
   const at::Tensor workspace = at::empty({bytes}, dq.options().dtype(at::kByte));
   if (sm90) {
     FX_CHECK(flashext::flash_bwd_sm90_takes(p), fn, ": these inputs are outside the Hopper backward's version 0 "
-             "(D = 128, dense, full or causal, 16-byte aligned rows)");
+             "(D = 128, dense, not deterministic, 16-byte aligned rows)");
   }
   // The Hopper backward wherever it and hopper_kernels_take the call (1.19-1.41x the FA2-design
   // backward on the H200 at every point of bench_attention's training grid, eb68e1b).

@@ -244,7 +244,7 @@ TYPED_TEST(FlashBwdKernel, AgainstCpuReference) {
   run_case<TypeParam>(varlen);
 }
 
-// The Hopper backward, version 0 (D = 128, dense, full or causal): only on an sm_90 GPU with a
+// The Hopper backward (D = 128, dense, any window, soft-cap): only on an sm_90 GPU with a
 // build holding sm_90a code.
 TYPED_TEST(FlashBwdKernel, Sm90AgainstCpuReference) {
   FX_SKIP_WITHOUT_GPU();
@@ -258,6 +258,10 @@ TYPED_TEST(FlashBwdKernel, Sm90AgainstCpuReference) {
   run_case<TypeParam>(hopper({1, 257, 513, 4, 1, 128, /*causal=*/true}));  // MQA, causal Sq != Sk
   run_case<TypeParam>(hopper({1, 150, 70, 2, 1, 128, /*causal=*/true}));   // causal Sq > Sk: rows that see no key
   run_case<TypeParam>(hopper({1, 1, 300, 4, 2, 128}));                    // one query row
+  run_case<TypeParam>(hopper({1, 200, 600, 2, 2, 128, false, 100, 50}));  // windows: key blocks some rows skip
+  run_case<TypeParam>(hopper({1, 200, 600, 2, 2, 128, false, -1, 50}));   // a right edge alone (the full / causal kernel)
+  run_case<TypeParam>(hopper({2, 130, 140, 2, 1, 128, true, 7, -1}));     // causal with a left window
+  run_case<TypeParam>(hopper({1, 130, 140, 2, 2, 128, true, -1, -1, /*softcap=*/5.0f}));
 }
 
 // The tiles other GPUs get, on this one: A100's 163 KiB per block (D = 256 compact) and sm_86/89's

@@ -14,7 +14,8 @@
 // owning keys 64 c + [0, 64) of the block. For every query head of the KV head's group and every
 // query block that sees the key block:
 //   Sᵀ = K_c Qᵀ, dPᵀ = V_c dOᵀ           wgmma m64n64 SS (all four tiles K-major, as TMA wrote them)
-//   Pᵀ = 2^(Sᵀ · scale · log2 e − lse₂),  dSᵀ = Pᵀ ∘ (dPᵀ − D)    in registers, masked where causal
+//   Pᵀ = 2^(Sᵀ · scale · log2 e − lse₂),  dSᵀ = Pᵀ ∘ (dPᵀ − D)    in registers, masked at window
+//   edges (causal: window_right 0) and soft-capped where asked
 //   dV_c += Pᵀ dO, dK_c += dSᵀ Q          wgmma m64n128 RS (Pᵀ, dSᵀ from registers; dO, Q MN-major)
 //   dS → shared memory (queries × keys, K-major; both consumers' halves), then
 //   dQ[:, 64 c + [0, 64)] = dS K[:, 64 c + [0, 64)]   wgmma m64n64 SS (K MN-major)
@@ -98,7 +99,10 @@ struct BwdSchedule {
   FX_DEVICE int m_block(int it) const { return m_first + it % blocks; }
 };
 
-template <typename T>
+// kLeftWindowOrSoftcap: a left window edge or a soft-cap (a kernel of its own: their masks and
+// tanh cost the full and causal calls 4-10 % when built in; right edges, causal among them, are
+// run-time arguments of both).
+template <typename T, bool kLeftWindowOrSoftcap>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(const FlashBwdParams p, const BwdWorkspace w, const __grid_constant__ Sm90BwdMaps maps) {
   namespace sm90 = flashext::sm90;
@@ -120,14 +124,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = bars + 1 + kStages;  // [kStages]: one arrival per consumer thread
 
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const int kv_head = blockIdx.y, batch = blockIdx.z, group = p.heads / p.heads_kv;
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
   const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, n_start = blockIdx.x * kBlockN;
-  const bool causal = p.window_right == 0;  // (version 0 takes full or causal attention only)
+  // Query i sees key j when i + diag − window_left ≤ j ≤ i + diag + p.window_right (−1: unbounded;
+  // causal is window_right 0), so the query blocks holding a row that sees a key of the block are
+  // [m_first, m_end).
   const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;
-  const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
-  // Causal: query i sees key j when j ≤ i + diag, so the first block holding a row that sees n_start.
-  const int m_first = causal ? min(num_m, max(0, n_start - diag) / kBlockM) : 0;
-  const BwdSchedule sched{m_first, num_m - m_first, group * (num_m - m_first), kv_head * group};
+  // (made in each role after its register reallocation: fewer values live across the producer's
+  // drop to 24 registers)
+  const auto schedule = [&] {
+    const int window_left = kLeftWindowOrSoftcap ? p.window_left : -1;
+    const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
+    const int m_first = p.window_right >= 0 ? min(num_m, max(0, n_start - diag - p.window_right) / kBlockM) : 0;
+    const int m_end = window_left >= 0
+                          ? min(num_m, (max(0, n_start + kBlockN - diag + window_left) + kBlockM - 1) / kBlockM)
+                          : num_m;
+    const int blocks = max(0, m_end - m_first), group = p.heads / p.heads_kv;
+    return BwdSchedule{m_first, blocks, group * blocks, kv_head * group};
+  };
 
   if (threadIdx.x == 0) {
     sm90::mbarrier_init(kv_full, 1);
@@ -141,6 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 0) {  // producer
     sm90::setmaxnreg_dec<kProducerRegisters>();
+    const BwdSchedule sched = schedule();
     const int warp = threadIdx.x / 32;
     if (warp == 0 && lane == 0) {
       sm90::mbarrier_arrive_expect_tx(kv_full, 2 * C::kTileBytesKV);
@@ -173,9 +188,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Consumers: warpgroup c = 0, 1 owns keys 64 c + [0, 64) of the block; this thread keys key0 and
   // key0 + 8 (within the block) in Sᵀ, dPᵀ, dK and dV, and query rows 16 warp + lane / 4 (+ 8) in dQ.
   sm90::setmaxnreg_inc<kConsumerRegisters>();
+  const BwdSchedule sched = schedule();
   const int c = warpgroup - 1, warp = (threadIdx.x / 32) % 4, quad = lane % 4;
   const int key0 = 64 * c + 16 * warp + lane / 4;
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  // Soft-cap: scores capped = softcap · tanh(raw · scale / softcap). s then holds the tanh and P =
+  // 2^(tanh · softcap · log2 e − lse₂); dS picks up d capped / d raw = 1 − tanh² (the scale comes
+  // with dK's and dQ's).
+  const bool softcap_on = kLeftWindowOrSoftcap && p.softcap > 0.0f;
+  const int window_left = kLeftWindowOrSoftcap ? p.window_left : -1;
+  const float score_scale = (softcap_on ? p.softcap : p.softmax_scale) * kLog2e;
+  const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
 
   // dK, dV in the m64n128 accumulator layout: element 4 i + 2 r + e holds key key0 + 8 r, dim 8 i + 2 quad + e
   float acc_dk[64], acc_dv[64];
@@ -223,12 +245,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::wgmma_wait<1>();  // Sᵀ is in (groups retire in order); dPᵀ still runs
     sm90::fence_operands(s);
 
-    // Pᵀ, fp32 in place in s (for dS) and rounded to T (for dV). Element 4 i + 2 r + e: key key0 +
-    // 8 r, query m_start + 8 i + 2 quad + e. The mask only where the block crosses the diagonal or
-    // the keys' end; rows past the sequence (their stats not copied: whatever the stage held) get
-    // P = 0 and D = 0.
-    const bool masked = (causal && n_start + kBlockN - 1 > m_start + diag) || n_start + kBlockN > seqlen_k;
+    // Pᵀ rounded to T (for dV), and in s, fp32, Pᵀ times the soft-cap's derivative where capped
+    // (for dS). Element 4 i + 2 r + e: key key0 + 8 r, query m_start + 8 i + 2 quad + e. The mask
+    // only where the block crosses a window's edge or the keys' end; rows past the sequence (their
+    // stats not copied: whatever the stage held) get P = 0 and D = 0.
+    if (softcap_on) {  // (a uniform branch around the loop)
+#pragma unroll
+      for (int e = 0; e < 32; ++e) s[e] = tanhf(s[e] * cap_scale);
+    }
+    const bool masked = (p.window_right >= 0 && n_start + kBlockN - 1 > m_start + diag + p.window_right) ||
+                        (window_left >= 0 && n_start < m_start + kBlockM - 1 + diag - window_left) ||
+                        n_start + kBlockN > seqlen_k;
     const bool tail = m_start + kBlockM > seqlen_q;
+    // Where masked, this thread's key rows r see queries [q_lo[r], q_hi[r]) (none past the keys)
+    int q_lo[2] = {INT32_MIN, INT32_MIN}, q_hi[2] = {INT32_MAX, INT32_MAX};
+    if (masked) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = n_start + key0 + 8 * r;
+        if (p.window_right >= 0) q_lo[r] = key - diag - p.window_right;
+        if (window_left >= 0) q_hi[r] = key - diag + window_left + 1;
+        if (key >= seqlen_k) q_hi[r] = INT32_MIN;
+      }
+    }
     uint32_t p16[8][2], ds16[8][2];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -240,17 +279,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
+        float pr[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int idx = 4 * i + 2 * r + e;
-          float pe = ptx::exp2_approx(fmaf(s[idx], scale_log2, -(e == 0 ? l2.x : l2.y)));  // +inf lse₂ → 0
+          float pe = ptx::exp2_approx(fmaf(s[idx], score_scale, -(e == 0 ? l2.x : l2.y)));  // +inf lse₂ → 0
           if (masked) {
-            const int key = n_start + key0 + 8 * r, query = m_start + 8 * i + 2 * quad + e;
-            if ((causal && key > query + diag) || key >= seqlen_k) pe = 0.0f;
+            const int query = m_start + 8 * i + 2 * quad + e;
+            if (query < q_lo[r] || query >= q_hi[r]) pe = 0.0f;
           }
-          s[idx] = pe;
+          pr[e] = pe;
+          s[idx] = softcap_on ? pe * (1.0f - s[idx] * s[idx]) : pe;
         }
-        p16[i][r] = ptx::pack2<T>(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]);
+        p16[i][r] = ptx::pack2<T>(pr[0], pr[1]);
       }
     }
 
@@ -411,7 +452,7 @@ cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream
                                             p.k_row_stride, p.k_head_stride, p.k_batch_stride, C::kBlockN));
   FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, C::kHeadDim, p.heads_kv, p.seqlen_k, p.batch,
                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, C::kBlockN));
-  auto kernel = flash_bwd_sm90_kernel<T>;
+  auto kernel = p.window_left >= 0 || p.softcap > 0.0f ? flash_bwd_sm90_kernel<T, true> : flash_bwd_sm90_kernel<T, false>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, C::kSmemBytes));
   const dim3 grid(unsigned((p.seqlen_k + C::kBlockN - 1) / C::kBlockN), unsigned(p.heads_kv), unsigned(p.batch));
   kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(p, w, maps);
@@ -427,12 +468,11 @@ cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream
 }  // namespace attention_detail
 
 bool flash_bwd_sm90_takes(const FlashBwdParams& p) {
-  const bool full_or_causal = p.window_left < 0 && (p.window_right < 0 || p.window_right == 0);
   // The TMA maps: 16-byte aligned tensors and strides (in elements, multiples of 8).
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const auto strides = [](int64_t a, int64_t b, int64_t c) { return a % 8 == 0 && b % 8 == 0 && c % 8 == 0; };
   return p.head_dim == 128 && p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.block_mask == nullptr &&
-         full_or_causal && p.softcap == 0.0f && !p.deterministic && p.lse != nullptr && p.batch >= 0 && p.heads > 0 &&
+         p.softcap >= 0.0f && !p.deterministic && p.lse != nullptr && p.batch >= 0 && p.heads > 0 &&
          p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q > 0 && p.seqlen_k > 0 && aligned(p.q) &&
          aligned(p.k) && aligned(p.v) && aligned(p.dout) && strides(p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&
          strides(p.k_batch_stride, p.k_row_stride, p.k_head_stride) &&
