@@ -60,9 +60,9 @@ def _flash_attention_sm90(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
 def _flash_attention_backward_sm90(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                    causal: bool = False,
                                    softmax_scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) by the Hopper backward's version 0 alone: D = 128, dense, full or causal, from
-    the forward's out and lse, on an sm_90 GPU with an sm_90a build (flash_attention's backward
-    does not use it yet). For its tests and bench_attention; not a public API."""
+    """(dq, dk, dv) by the Hopper backward alone: D = 128, dense, full or causal (this op's
+    arguments; flash_attention's backward runs it for windows and soft-cap too), from the forward's
+    out and lse, on an sm_90 GPU with an sm_90a build. For its tests; not a public API."""
     return _ops._flash_attn_bwd_sm90(dout, q, k, v, out, lse, causal, softmax_scale)
 
 

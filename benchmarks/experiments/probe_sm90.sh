@@ -12,7 +12,7 @@
 #   (a variant's patch must leave those lines alone); each shape and variant runs once, writing a
 #   trace under $OUT (or /tmp/out) that plot_sm90_timeline.py draws beside it, its summary printed.
 # On the GPU machine, e.g.:
-#   PROBE_PATCHES="benchmarks/experiments/sm90_fwd_prime_next_tile.patch" PROBE_SHAPES="128 0 16 1024 16" \
+#   PROBE_PATCHES="/tmp/my_change.patch" PROBE_SHAPES="128 0 16 1024 16" \
 #     bash benchmarks/experiments/probe_sm90.sh
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH

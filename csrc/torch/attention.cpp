@@ -437,7 +437,7 @@ void run_backward(const char* fn, const at::Tensor& dout_in, const at::Tensor& q
   const int64_t bytes = int64_t(flashext::flash_bwd_workspace_bytes(p));
   const at::Tensor workspace = at::empty({bytes}, dq.options().dtype(at::kByte));
   if (sm90) {
-    FX_CHECK(flashext::flash_bwd_sm90_takes(p), fn, ": these inputs are outside the Hopper backward's version 0 "
+    FX_CHECK(flashext::flash_bwd_sm90_takes(p), fn, ": these inputs are outside the Hopper backward's scope "
              "(D = 128, dense, not deterministic, 16-byte aligned rows)");
   }
   // The Hopper backward wherever it and hopper_kernels_take the call (1.19-1.41x the FA2-design
@@ -470,9 +470,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd(
   return {dq, dk, dv};
 }
 
-// The Hopper backward by itself (flash_bwd_sm90.h), for its tests and the benchmark until
-// flash_attention's backward dispatches to it: D = 128, dense, full or causal, on an sm_90 GPU with
-// a build holding sm_90a code.
+// The Hopper backward by itself (flash_bwd_sm90.h), for its tests (flash_attention's backward
+// reaches it through run_backward): D = 128, dense, full or causal, on an sm_90 GPU with a build
+// holding sm_90a code.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd_sm90(const at::Tensor& dout_in, const at::Tensor& q_in,
                                                                    const at::Tensor& k_in, const at::Tensor& v_in,
                                                                    const at::Tensor& out_in, const at::Tensor& lse_in,
