@@ -177,8 +177,8 @@ def train_implementations():
 
 
 class HopperBackward(torch.autograd.Function):
-    """flash_attention's forward, then the Hopper backward's version 0 (not flash_attention's
-    backward yet): the column flashext_sm90 of the train section."""
+    """flash_attention's forward, then the Hopper backward by its private op (full or causal; the
+    one flash_attention's backward runs at D = 128): the column flashext_sm90 of the train section."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal):

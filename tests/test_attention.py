@@ -144,7 +144,7 @@ def test_varlen_never_reads_past_its_sequences(head_dim):
     # NaN in the key rows no sequence covers, and inf in the first sequence's values: a sequence's
     # last key block reaches past its end (into the next sequence's rows, or the uncovered tail),
     # and its output must not see them (P is 0 there, but 0 · NaN is not). On Hopper D = 128 and
-    # 256 run the Hopper kernel and D = 64 (under 1K keys) the FA2-design one (the C++ test covers
+    # 256 run the Hopper kernel and D = 64 (under 512 keys) the FA2-design one (the C++ test covers
     # Hopper varlen at every D).
     lengths_q, lengths_k = [37, 100, 5], [50, 70, 3]
     cu_q, cu_k = cu_seqlens(lengths_q), cu_seqlens(lengths_k)

@@ -47,9 +47,9 @@ def test_causal_units_on_persistent_ctas(dtype, head_dim):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_long_masked_calls_at_d64(dtype):
     # D = 64 under a mask that leaves a row 4K keys or more: 192-row blocks on three consumers.
-    # Causal at 4224: 22 query blocks, 11 units of two per head, 242 units on 132 SMs (paired);
-    # a short query block against long keys; a window 4201 keys wide.
-    check_attention(*make_qkv(2, 4224, 4224, 11, 1, 64, dtype), attend, causal=True)
+    # Causal at 4416: 23 query blocks, 12 units per head (the middle block alone in its unit),
+    # 132 units on 132 SMs (paired); a short query block against long keys; a window 4201 keys wide.
+    check_attention(*make_qkv(1, 4416, 4416, 11, 1, 64, dtype), attend, causal=True)
     check_attention(*make_qkv(1, 200, 4300, 4, 2, 64, dtype), attend, causal=True)
     check_attention(*make_qkv(1, 700, 4500, 4, 2, 64, dtype), attend, window_size=(4000, 200))
 

@@ -206,7 +206,7 @@ flashext::FlashFwdParams attention_params(const at::Tensor& q, const at::Tensor&
 
 // Where the Hopper forward beats the FA2-design one on the H200 (bench_attention, 227d902 and
 // the A/B at 480322e): at D = 128 and 256 at every length, at D = 64 from 512 keys (without a
-// mask 1.2x at 512; causal, on 128-row blocks, 1.06x at 512, 1.15x at 1K). Shorter D = 64 calls
+// mask 1.2x at 512; causal, on 128-row blocks, 1.05x at 512, 1.14x at 1K). Shorter D = 64 calls
 // and windowed calls take the same thresholds, unmeasured.
 bool hopper_forward_wins(int head_dim, int seqlen_k) {
   return head_dim == 128 || head_dim == 256 || (head_dim == 64 && seqlen_k >= 512);

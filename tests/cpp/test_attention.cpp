@@ -401,6 +401,10 @@ TYPED_TEST(FlashFwdKernel, Sm90AgainstCpuReference) {
     varlen.causal = false, varlen.window_left = 40, varlen.window_right = 3;
     run_case<TypeParam>(hopper(varlen));
   }
+  Case long_varlen{0, 0, 0, 4, 2, 64, /*causal=*/true};  // D = 64 causal varlen past 4K keys: 192-row blocks
+  long_varlen.varlen_q = {0, 300, 129};
+  long_varlen.varlen_k = {3, 4500, 400};
+  run_case<TypeParam>(hopper(long_varlen));
 }
 
 TYPED_TEST(FlashFwdKernel, BlockSparseAgainstCpuReference) {

@@ -4,7 +4,8 @@
 // (flash_fwd_sm90.h says who calls, checks and times it).
 //
 // D = 64, 128 and 256, dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
-// 192 rows at D = 64 without a mask, else 128, head, sequence): warpgroup 0 is the producer (one thread issues
+// 192 rows at D = 64 unless a causal or windowed call's rows see under 4K keys, else 128, head,
+// sequence): warpgroup 0 is the producer (one thread issues
 // every TMA), warpgroups 1, 2 (and 3) consume 64 query rows each. Q and two stages of K and V live in shared memory as 64-column slabs
 // with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
 // S = Q Kᵀ (wgmma SS, m64nN with N the block's keys), the online softmax in registers, O += P V
@@ -28,8 +29,9 @@
 // FLOPs per key block and consumer warpgroup: 4 · 64 · N · D (S and P V), 4 MFLOP at D = 128.
 // At D = 64 a warpgroup's exponentials (8K per block) take about as long as its two GEMMs, so a
 // third consumer warpgroup keeps the tensor cores fed while the other two exponentiate (as
-// FlashAttention-3 does there); at D = 128 and 256 the GEMMs dominate and two suffice. Masked
-// calls at D = 64 take 128-row blocks on two (a third less masked work on the diagonal blocks).
+// FlashAttention-3 does there); at D = 128 and 256 the GEMMs dominate and two suffice. Causal and
+// windowed calls at D = 64 whose rows see under 4K keys take 128-row blocks on two (a third less
+// masked work on the diagonal blocks).
 //
 // Varlen: the TMA maps span the packed rows (batch dim 1) and a sequence's tiles start at its
 // first row, so a tile's rows past the sequence belong to the next one (or are zero past the
@@ -559,13 +561,15 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
     // at S >= 1024 (A/B at 2064ba4). Under a mask the wider diagonal blocks cost more masked work
     // than that saves; at D = 128, 176-key blocks measured 0.98-1.02x (not taken).
     const bool unmasked = !varlen && p.window_left < 0 && p.window_right < 0;
+    const bool diagonal = p.window_left >= 0 || p.window_right >= 0;  // (causal: window_right 0)
     switch (p.head_dim) {
-      // Masked calls at D = 64 that see fewer than 4K keys per row: 128-row blocks of two consumer
-      // warpgroups (a third less masked work on the diagonal blocks, 240 registers each); 1.43x,
-      // 1.15x and 1.08x at causal S = 512, 1K and 2K, 0.91x at 8K, where the 192-row blocks'
-      // fewer K / V loads per row win (A/B at 480322e).
-      case 64: return unmasked || visible_keys(p) >= 4096 ? launch<T, Sm90FwdConfig<64>>(p, stream)
-                                                          : launch<T, Sm90FwdConfig<64, 128, 128>>(p, stream);
+      // Causal and windowed calls at D = 64 whose rows see fewer than 4K keys: 128-row blocks of
+      // two consumer warpgroups (a third less masked work on the diagonal blocks, 240 registers
+      // each); 1.43x, 1.15x and 1.08x at causal S = 512, 1K and 2K, 0.91x at 8K, where the
+      // 192-row blocks' fewer K / V loads per row win (A/B at 480322e). Varlen calls without a
+      // mask keep 192 rows (their only masked blocks are sequence ends).
+      case 64: return !diagonal || visible_keys(p) >= 4096 ? launch<T, Sm90FwdConfig<64>>(p, stream)
+                                                           : launch<T, Sm90FwdConfig<64, 128, 128>>(p, stream);
       case 128: return launch<T, Sm90FwdConfig<128>>(p, stream);
       default: return unmasked ? launch<T, Sm90FwdConfig<256, 80>>(p, stream) : launch<T, Sm90FwdConfig<256>>(p, stream);
     }
