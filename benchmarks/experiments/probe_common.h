@@ -15,6 +15,23 @@
 
 namespace probe {
 
+// The shape both probes take, "HEAD_DIM CAUSAL BATCH SEQLEN HEADS" on the command line (the usage
+// printed and exit status 1 otherwise), and its text, the start of every line a probe prints.
+struct Shape {
+  int d, causal, b, s, h;
+  char text[96];
+};
+inline Shape parse_shape(int argc, char** argv, const char* head_dims) {
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: %s HEAD_DIM(%s) CAUSAL BATCH SEQLEN HEADS\n", argv[0], head_dims);
+    std::exit(1);
+  }
+  Shape shape{atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), {}};
+  std::snprintf(shape.text, sizeof shape.text, "D=%d causal=%d B=%d S=%d H=%d", shape.d, shape.causal, shape.b,
+                shape.s, shape.h);
+  return shape;
+}
+
 // bf16 values in about [-2, 2) (sign, exponent 126-127, random mantissa), n per buffer, one stream
 // of a fixed seed over the buffers in turn
 inline void fill_random_bf16(std::initializer_list<void*> buffers, size_t n) {

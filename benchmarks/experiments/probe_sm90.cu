@@ -12,13 +12,9 @@
 #include "probe_common.h"
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: %s HEAD_DIM CAUSAL BATCH SEQLEN HEADS\n", argv[0]);
-    return 1;
-  }
-  const int d = atoi(argv[1]), causal = atoi(argv[2]), b = atoi(argv[3]), s = atoi(argv[4]), h = atoi(argv[5]);
-  char shape[96];
-  std::snprintf(shape, sizeof shape, "D=%d causal=%d B=%d S=%d H=%d", d, causal, b, s, h);
+  const probe::Shape given = probe::parse_shape(argc, argv, "64, 128, 256");
+  const int d = given.d, causal = given.causal, b = given.b, s = given.s, h = given.h;
+  const char* shape = given.text;
   const size_t n = size_t(b) * s * h * d, lse_bytes = size_t(b) * h * s * 4;
   void *q, *k, *v, *o;
   float* lse;

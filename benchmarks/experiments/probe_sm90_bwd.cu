@@ -14,13 +14,9 @@
 #include "probe_common.h"
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: %s HEAD_DIM(128) CAUSAL BATCH SEQLEN HEADS\n", argv[0]);
-    return 1;
-  }
-  const int d = atoi(argv[1]), causal = atoi(argv[2]), b = atoi(argv[3]), s = atoi(argv[4]), h = atoi(argv[5]);
-  char shape[96];
-  std::snprintf(shape, sizeof shape, "D=%d causal=%d B=%d S=%d H=%d", d, causal, b, s, h);
+  const probe::Shape given = probe::parse_shape(argc, argv, "128");
+  const int d = given.d, causal = given.causal, b = given.b, s = given.s, h = given.h;
+  const char* shape = given.text;
   const size_t n = size_t(b) * s * h * d;
   void *q, *k, *v, *o, *dout, *dq, *dk, *dv, *workspace;
   float* lse;

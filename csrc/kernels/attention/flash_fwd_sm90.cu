@@ -560,8 +560,8 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
     // waits, the row max and sum shuffles, O's 128 registers rescaled) over 1.25x the keys; +4-12 %
     // at S >= 1024 (A/B at 2064ba4). Under a mask the wider diagonal blocks cost more masked work
     // than that saves; at D = 128, 176-key blocks measured 0.98-1.02x (not taken).
-    const bool unmasked = !varlen && p.window_left < 0 && p.window_right < 0;
     const bool diagonal = p.window_left >= 0 || p.window_right >= 0;  // (causal: window_right 0)
+    const bool unmasked = !varlen && !diagonal;
     switch (p.head_dim) {
       // Causal and windowed calls at D = 64 whose rows see fewer than 4K keys: 128-row blocks of
       // two consumer warpgroups (a third less masked work on the diagonal blocks, 240 registers
