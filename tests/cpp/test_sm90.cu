@@ -3,8 +3,9 @@
 //   S = Q Kᵀ   (both operands K-major in shared memory: the attention forward's first GEMM)
 //   O = P V    (P from registers in the m16n8k16 A layout, V MN-major as stored: its second)
 // on 64 × 64 × 64 bf16 and fp16 tiles; and the bulk fp32 reduce-add from shared into global memory
-// (the Hopper backward's dQ accumulation) from many blocks into one buffer; and stmatrix's
-// transposed store of a 16 × 16 fragment tile. Skipped unless the GPU is sm_90 and this build
+// (the Hopper backward's dQ accumulation) from many blocks into one buffer; stmatrix's store of
+// a 16 × 16 fragment tile, transposed and as is; and a TMA store of a swizzled tile that reaches
+// past the tensor's rows (the Hopper backward's dK and dV). Skipped unless the GPU is sm_90 and this build
 // holds sm_90a code (a compute_80-only build has none).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -287,6 +288,77 @@ TYPED_TEST(Sm90Primitives, StmatrixStoresTheTranspose) {
   const auto out = flashext_test::download<T>(dout.get(), 256);
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c) ASSERT_EQ(to_float(out[r * 16 + c]), float(c * 16 + r)) << r << ", " << c;
+}
+
+// As stmatrix_kernel, stored as is: matrix i (row block i % 2, column block i / 2) at its place.
+template <typename T>
+__global__ void stmatrix_as_is_kernel(const T* m, T* out) {
+  __shared__ __align__(16) T tile[16][16];
+  const int lane = threadIdx.x, g = lane / 4, q = lane % 4;
+  const auto pair = [&](int row, int col) { return *reinterpret_cast<const uint32_t*>(m + row * 16 + col); };
+  const uint32_t r0 = pair(g, 2 * q), r1 = pair(g + 8, 2 * q), r2 = pair(g, 2 * q + 8), r3 = pair(g + 8, 2 * q + 8);
+  const int i = lane / 8, j = lane % 8;
+  flashext::sm90::stmatrix_x4(&tile[8 * (i % 2) + j][8 * (i / 2)], r0, r1, r2, r3);
+  __syncwarp();
+  for (int e = lane; e < 256; e += 32) out[e] = tile[e / 16][e % 16];
+}
+
+TYPED_TEST(Sm90Primitives, StmatrixStoresAsIs) {
+  FX_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
+  using T = TypeParam;
+  std::vector<T> m(256);
+  for (int e = 0; e < 256; ++e) m[e] = flashext_test::from_float<T>(float(e));
+  DeviceBuffer dm(sizeof(T) * 256), dout(sizeof(T) * 256);
+  flashext_test::upload(dm.get(), m);
+  stmatrix_as_is_kernel<T><<<1, 32>>>(dm.at<T>(), dout.at<T>());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto out = flashext_test::download<T>(dout.get(), 256);
+  for (int e = 0; e < 256; ++e) ASSERT_EQ(to_float(out[e]), float(e)) << e;
+}
+
+// A 64-row × 64-column tile written into shared memory with the 128-byte swizzle (16-byte chunk
+// c / 8 of row r at chunk (c / 8) ^ (r % 8)), value 64 (r % 4) + c (exact in 16 bits), then stored by
+// one TMA store at row `row0` of head 1 of a (rows × 2 heads × 64) tensor.
+template <typename T>
+__global__ void __launch_bounds__(128) tma_store_kernel(const __grid_constant__ CUtensorMap map, int row0) {
+  __shared__ __align__(1024) T tile[kTile * kTile];
+  for (int e = threadIdx.x; e < kTile * kTile; e += blockDim.x) {
+    const int r = e / kTile, c = e % kTile;
+    tile[r * kTile + (((c / 8) ^ (r % 8)) * 8) + c % 8] = T(float(64 * (r % 4) + c));
+  }
+  flashext::sm90::fence_proxy_async();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    flashext::sm90::tma_store_4d(&map, tile, 0, 1, row0, 0);
+    flashext::sm90::bulk_commit_group();
+    flashext::sm90::bulk_wait_group<0>();
+  }
+}
+
+TYPED_TEST(Sm90Primitives, TmaStoreLeavesOutRowsPastTheTensor) {
+  FX_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
+  using T = TypeParam;
+  constexpr int kRows = 100, kHeads = 2, kRow0 = 64;  // the box's rows 64-99 land, 100-127 do not
+  const float poison = -3.0f;
+  std::vector<T> start(kRows * kHeads * kTile, flashext_test::from_float<T>(poison));
+  DeviceBuffer buffer(sizeof(T) * start.size());
+  flashext_test::upload(buffer.get(), start);
+  CUtensorMap map;
+  ASSERT_EQ(flashext::make_tma_attention_map(&map, buffer.get(), kTile, kHeads, kRows, 1, kHeads * kTile, kTile,
+                                             kRows * kHeads * kTile, kTile),
+            cudaSuccess);
+  tma_store_kernel<T><<<1, 128>>>(map, kRow0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = flashext_test::download<T>(buffer.get(), start.size());
+  for (int row = 0; row < kRows; ++row)
+    for (int head = 0; head < kHeads; ++head)
+      for (int c = 0; c < kTile; ++c) {
+        const bool stored = head == 1 && row >= kRow0;
+        const float want = stored ? float(64 * ((row - kRow0) % 4) + c) : poison;
+        ASSERT_EQ(to_float(got[(row * kHeads + head) * kTile + c]), want) << row << ", " << head << ", " << c;
+      }
 }
 
 TEST(Sm90Primitives, BulkReduceAddFromManyBlocks) {

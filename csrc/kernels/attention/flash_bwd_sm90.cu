@@ -20,8 +20,10 @@
 //   dS → shared memory (queries × keys, K-major; both consumers' halves), then
 //   dQ[:, 64 c + [0, 64)] = dS K[:, 64 c + [0, 64)]   wgmma m64n64 SS (K MN-major)
 //   dQ (fp32, 64 × 128) through shared memory into dq_accum by one bulk reduce-add.
-// dK · scale and dV leave from registers at the end. dq_accum's tiles are the FA2-design
-// backward's (one 64 × 128 tile per (query block, head)), row-major inside.
+// dK · scale and dV leave at the end by stmatrix into Q's and dO's stages and TMA stores.
+// dq_accum's tiles are the FA2-design backward's (one 64 × 128 tile per (query block, head)),
+// row-major inside, each row's 16-byte chunks permuted (sm90_dq_col: conflict-free stores into
+// shared memory).
 //
 //   shared memory: K, V 2 · 32 + Q, dO 2 stages · 2 · 16 + dS 16 + dQ 32 + lse₂, D 1 = 177 KiB
 //   (178 with the barriers and the 1024-byte alignment slack)
@@ -80,15 +82,28 @@ static_assert(kThreads * kEntryRegisters <= 65536 &&
 constexpr int kBarrierDs = 1, kBarrierDq = 2;  // named barriers of the two consumer warpgroups
 
 struct Sm90BwdMaps {
-  CUtensorMap q, k, v, dout;
+  CUtensorMap q, k, v, dout, dk, dv;  // (dk and dv: stores of 64-row boxes)
 };
 
 // dq_accum's 64 × 128 tile of (batch entry, query block, head): the FA2-design backward's tile
-// order (bwd_dq_first_tile_row), row-major inside. The main kernel adds into it, the convert reads it.
+// order (bwd_dq_first_tile_row), row-major inside with each row's 16-byte chunks permuted
+// (sm90_dq_col). The main kernel adds into it, the convert reads it.
 FX_DEVICE float* sm90_dq_tile(const FlashBwdParams& p, const BwdWorkspace& w, int batch, int m_block, int head) {
   constexpr int kBlockM = Sm90BwdConfig::kBlockM;
   const int64_t tile_row = bwd_dq_first_tile_row<kBlockM>(p, batch, 0) + m_block;
   return w.dq_accum + (tile_row * p.heads + head) * (kBlockM * Sm90BwdConfig::kHeadDim);
+}
+
+// Where column `col` of row `row` sits in a dq_accum tile (and in its shared-memory copy, which the
+// bulk reduce-add copies byte for byte): 16-byte chunk col / 4 XOR a per-row key, 2 (row % 4) +
+// (row / 4) % 2. A consumer's float2 store covers 8 rows (lane / 4) × 8 columns (a pair of chunks);
+// unswizzled, every row falls on the same 8 banks (an 8-way conflict, 8 wavefronts per store).
+// With the key the four rows of each half-warp take four different chunk pairs (keys 0, 2, 4, 6
+// and 1, 3, 5, 7), so a store takes 2 wavefronts, the least for 256 bytes, whether the warp or each
+// half-warp is served at once. The convert's reads stay within each row's 128-byte groups.
+FX_DEVICE int sm90_dq_col(int row, int col) {
+  const int key = ((row & 3) << 1) | ((row >> 2) & 1);
+  return (((col >> 2) ^ key) << 2) | (col & 3);
 }
 
 // The query heads and blocks a CTA visits, in the order producer and consumers share: iteration
@@ -383,15 +398,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     // stats, by generic loads), so no thread may arrive for another.
     sm90::mbarrier_arrive(&empty[stage]);
 
-    // dQ (fp32) row-major into shared memory (rows 16 warp + lane / 4 + 8 r, dims 64 c + 8 i + 2
-    // quad + e), then one bulk reduce-add of the 64 × 128 tile into dq_accum. (After the barrier both
-    // warpgroups are also done reading dS, so the next iteration may rewrite it.)
+    // dQ (fp32) row-major (chunks permuted, sm90_dq_col) into shared memory (rows 16 warp + lane / 4
+    // + 8 r, dims 64 c + 8 i + 2 quad + e), then one bulk reduce-add of the 64 × 128 tile into
+    // dq_accum. (After the barrier both warpgroups are also done reading dS, so the next iteration
+    // may rewrite it.)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = 16 * warp + lane / 4 + 8 * r, col = 64 * c + 8 * i + 2 * quad;
-        *reinterpret_cast<float2*>(smem_dq + row * C::kHeadDim + col) = make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+        *reinterpret_cast<float2*>(smem_dq + row * C::kHeadDim + sm90_dq_col(row, col)) =
+            make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
       }
     }
     sm90::fence_proxy_async();
@@ -401,27 +418,48 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::bulk_commit_group();
     }
   }
-  if (threadIdx.x == 128) sm90::bulk_wait_group<0>();  // (the last add has read its shared memory)
 
-  // dK · scale and dV, straight from registers; keys past the sequence are not written.
-  T* dk = static_cast<T*>(p.dk) + int64_t(batch) * p.dk_batch_stride + int64_t(kv_head) * p.dk_head_stride;
-  T* dv = static_cast<T*>(p.dv) + int64_t(batch) * p.dv_batch_stride + int64_t(kv_head) * p.dv_head_stride;
+  // dK · scale and dV out through shared memory by TMA: consumer c's 64 key rows of each as two
+  // 64-column slabs (128-byte swizzled, as the maps' boxes are), in Q's and dO's stages (c = 0 Q's,
+  // 1 dO's), free once both consumers' last GEMMs have retired: the last step's dQ barrier comes
+  // after each one's final wait. Rows past the keys are left out by the maps.
+  {
+    unsigned char* out = smem_q + c * C::kStages * C::kTileBytesQ;  // dK slabs 0, 1, then dV's
+    static_assert(2 * C::kStages * C::kTileBytesQ == 2 * 2 * C::kSlabs * (kBlockN / 2) * 128,
+                  "Q's and dO's stages hold both consumers' dK and dV");
+    constexpr int kSlabBytesOut = (kBlockN / 2) * 128;
+    // stmatrix x4 of fragments (i, r = 0), (i, r = 1), (i + 1, r = 0), (i + 1, r = 1): lane 8 m + jj
+    // addresses row jj of matrix m, key row 16 warp + 8 (m % 2) + jj, 16-byte chunk i + m / 2.
+    const int m = lane / 8, jj = lane % 8, row = 16 * warp + 8 * (m % 2) + jj;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = n_start + key0 + 8 * r;
-    if (key >= seqlen_k) continue;
-#pragma unroll
-    for (int i = 0; i < C::kHeadDim / 8; ++i) {
-      const int col = 8 * i + 2 * quad;
-      *reinterpret_cast<uint32_t*>(dk + int64_t(key) * p.dk_row_stride + col) =
-          ptx::pack2<T>(acc_dk[4 * i + 2 * r] * p.softmax_scale, acc_dk[4 * i + 2 * r + 1] * p.softmax_scale);
-      *reinterpret_cast<uint32_t*>(dv + int64_t(key) * p.dv_row_stride + col) =
-          ptx::pack2<T>(acc_dv[4 * i + 2 * r], acc_dv[4 * i + 2 * r + 1]);
+    for (int i = 0; i < C::kHeadDim / 8; i += 2) {
+      const int chunk = i + m / 2;
+      unsigned char* at = out + (chunk / 8) * kSlabBytesOut + row * 128 + (((chunk % 8) ^ jj) << 4);
+      sm90::stmatrix_x4(at, ptx::pack2<T>(acc_dk[4 * i] * p.softmax_scale, acc_dk[4 * i + 1] * p.softmax_scale),
+                        ptx::pack2<T>(acc_dk[4 * i + 2] * p.softmax_scale, acc_dk[4 * i + 3] * p.softmax_scale),
+                        ptx::pack2<T>(acc_dk[4 * i + 4] * p.softmax_scale, acc_dk[4 * i + 5] * p.softmax_scale),
+                        ptx::pack2<T>(acc_dk[4 * i + 6] * p.softmax_scale, acc_dk[4 * i + 7] * p.softmax_scale));
+      sm90::stmatrix_x4(at + C::kSlabs * kSlabBytesOut, ptx::pack2<T>(acc_dv[4 * i], acc_dv[4 * i + 1]),
+                        ptx::pack2<T>(acc_dv[4 * i + 2], acc_dv[4 * i + 3]),
+                        ptx::pack2<T>(acc_dv[4 * i + 4], acc_dv[4 * i + 5]),
+                        ptx::pack2<T>(acc_dv[4 * i + 6], acc_dv[4 * i + 7]));
+    }
+    sm90::fence_proxy_async();  // (the generic stores before the TMA's reads)
+    sm90::named_barrier_sync(kBarrierDs, 256);
+    if (threadIdx.x % 128 == 0) {
+      const int key_row = n_start + (kBlockN / 2) * c;
+      for (int slab = 0; slab < C::kSlabs; ++slab) {
+        sm90::tma_store_4d(&maps.dk, out + slab * kSlabBytesOut, 64 * slab, kv_head, key_row, batch);
+        sm90::tma_store_4d(&maps.dv, out + (C::kSlabs + slab) * kSlabBytesOut, 64 * slab, kv_head, key_row, batch);
+      }
+      sm90::bulk_commit_group();
+      sm90::bulk_wait_group_read<0>();  // (this thread's dQ adds and stores have read their shared memory)
     }
   }
 }
 
-// dq = dq_accum · softmax_scale: a block per (query block, head, batch entry), row-major tiles.
+// dq = dq_accum · softmax_scale: a block per (query block, head, batch entry), row-major tiles
+// (chunks permuted by sm90_dq_col).
 template <typename T>
 __global__ void __launch_bounds__(128) flash_bwd_sm90_convert_dq(const FlashBwdParams p, const BwdWorkspace w) {
   constexpr int kBlockM = Sm90BwdConfig::kBlockM, kHeadDim = Sm90BwdConfig::kHeadDim;
@@ -432,7 +470,7 @@ __global__ void __launch_bounds__(128) flash_bwd_sm90_convert_dq(const FlashBwdP
     const int row = pair / (kHeadDim / 2), col = 2 * (pair % (kHeadDim / 2));
     const int query = m_block * kBlockM + row;
     if (query >= p.seqlen_q) break;  // (rows ascend with pair)
-    const float2 a = *reinterpret_cast<const float2*>(tile + row * kHeadDim + col);
+    const float2 a = *reinterpret_cast<const float2*>(tile + row * kHeadDim + sm90_dq_col(row, col));
     *reinterpret_cast<uint32_t*>(dq + int64_t(query) * p.dq_row_stride + col) =
         ptx::pack2<T>(a.x * p.softmax_scale, a.y * p.softmax_scale);
   }
@@ -452,6 +490,10 @@ cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream
                                             p.k_row_stride, p.k_head_stride, p.k_batch_stride, C::kBlockN));
   FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, C::kHeadDim, p.heads_kv, p.seqlen_k, p.batch,
                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, C::kBlockN));
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dk, p.dk, C::kHeadDim, p.heads_kv, p.seqlen_k, p.batch,
+                                            p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, C::kBlockN / 2));
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dv, p.dv, C::kHeadDim, p.heads_kv, p.seqlen_k, p.batch,
+                                            p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, C::kBlockN / 2));
   auto kernel = p.window_left >= 0 || p.softcap > 0.0f ? flash_bwd_sm90_kernel<T, true> : flash_bwd_sm90_kernel<T, false>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, C::kSmemBytes));
   const dim3 grid(unsigned((p.seqlen_k + C::kBlockN - 1) / C::kBlockN), unsigned(p.heads_kv), unsigned(p.batch));
@@ -474,10 +516,13 @@ bool flash_bwd_sm90_takes(const FlashBwdParams& p) {
   return p.head_dim == 128 && p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.block_mask == nullptr &&
          p.softcap >= 0.0f && !p.deterministic && p.lse != nullptr && p.batch >= 0 && p.heads > 0 &&
          p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q > 0 && p.seqlen_k > 0 && aligned(p.q) &&
-         aligned(p.k) && aligned(p.v) && aligned(p.dout) && strides(p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&
+         aligned(p.k) && aligned(p.v) && aligned(p.dout) && aligned(p.dk) && aligned(p.dv) &&
+         strides(p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&
          strides(p.k_batch_stride, p.k_row_stride, p.k_head_stride) &&
          strides(p.v_batch_stride, p.v_row_stride, p.v_head_stride) &&
-         strides(p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+         strides(p.do_batch_stride, p.do_row_stride, p.do_head_stride) &&
+         strides(p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride) &&
+         strides(p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
 }
 
 cudaError_t run_flash_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {

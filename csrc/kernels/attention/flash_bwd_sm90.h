@@ -13,7 +13,7 @@
 namespace flashext {
 
 // Whether these params are ones version 0 takes (the rest: cudaErrorInvalidValue from the run):
-// the scope above, seqlen_q and seqlen_k > 0, and q, k, v, dout 16-byte aligned with strides of
+// the scope above, seqlen_q and seqlen_k > 0, and q, k, v, dout, dk, dv 16-byte aligned with strides of
 // whole 16-byte chunks (its TMA maps).
 bool flash_bwd_sm90_takes(const FlashBwdParams& params);
 

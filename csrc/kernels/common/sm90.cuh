@@ -108,6 +108,21 @@ FX_DEVICE void tma_load_4d(void* dst, const void* map, uint64_t* bar, int c0, in
 #endif
 }
 
+// A 4-D box of shared memory at src (laid out as the map's loads write it) to global memory at
+// coordinates c0 (innermost) … c3, rows past the tensor's bounds left out, by the TMA; completes
+// with the bulk async-group committed after it. The shared-memory writes it reads must be ordered
+// before it by fence_proxy_async.
+FX_DEVICE void tma_store_4d(const void* map, const void* src, int c0, int c1, int c2, int c3) {
+#if FX_SM90_ENABLED
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(map),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+#else
+  (void)map, (void)src, (void)c0, (void)c1, (void)c2, (void)c3;
+  __trap();
+#endif
+}
+
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) of global memory at src into shared
 // memory at dst by the bulk copy engine, completing on `bar` (which must expect them).
 FX_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -188,6 +203,19 @@ FX_DEVICE void stmatrix_x4_trans(void* row, uint32_t r0, uint32_t r1, uint32_t r
 #if FX_SM90_ENABLED
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(row)),
                "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+#else
+  (void)row, (void)r0, (void)r1, (void)r2, (void)r3;
+  __trap();
+#endif
+}
+
+// ... and as they are: lane 8 i + j passes the address of the 16-byte row j of matrix i, which
+// receives row j. (The Hopper backward's dK and dV on their way out.)
+FX_DEVICE void stmatrix_x4(void* row, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#if FX_SM90_ENABLED
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(row)), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
                : "memory");
 #else
   (void)row, (void)r0, (void)r1, (void)r2, (void)r3;
