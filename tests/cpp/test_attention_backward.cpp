@@ -262,6 +262,16 @@ TYPED_TEST(FlashBwdKernel, Sm90AgainstCpuReference) {
   run_case<TypeParam>(hopper({1, 200, 600, 2, 2, 128, false, -1, 50}));   // a right edge alone (the full / causal kernel)
   run_case<TypeParam>(hopper({2, 130, 140, 2, 1, 128, true, 7, -1}));     // causal with a left window
   run_case<TypeParam>(hopper({1, 130, 140, 2, 2, 128, true, -1, -1, /*softcap=*/5.0f}));
+  // Packed varlen: empty and one-row sequences, blocks that reach into the next sequence's rows
+  // (odd starts: statistics not 16-byte aligned), causal, full and windowed.
+  Case varlen{0, 0, 0, 4, 2, 128, /*causal=*/true};
+  varlen.varlen_q = {0, 1, 6, 130, 65, 3};  // (starts 0, 0, 1, 7, 137, 202: every shift, a whole block at 3)
+  varlen.varlen_k = {3, 0, 7, 200, 129, 1};
+  run_case<TypeParam>(hopper(varlen));
+  varlen.causal = false;
+  run_case<TypeParam>(hopper(varlen));
+  varlen.window_left = 40, varlen.window_right = 3;
+  run_case<TypeParam>(hopper(varlen));
 }
 
 // The tiles other GPUs get, on this one: A100's 163 KiB per block (D = 256 compact) and sm_86/89's

@@ -8,10 +8,10 @@
 // workspace, dq_accum zeroed), flash_bwd_sm90_kernel, and flash_bwd_sm90_convert_dq (dq_accum ·
 // scale into dq).
 //
-// Main kernel. A CTA per (key block of 128, KV head, batch entry). Warpgroup 0 produces: thread 0
-// issues the TMA loads (K and V once; Q, dO, and the block's lse · log2 e and D by bulk copies, of
-// each query block of 64 into two stages). Warpgroups 1 and 2 consume, consumer c
-// owning keys 64 c + [0, 64) of the block. For every query head of the KV head's group and every
+// Main kernel. A CTA per (key block of 128, KV head, batch entry or packed varlen sequence).
+// Warpgroup 0 produces: thread 0 issues the TMA loads (K and V once; Q, dO, and the block's
+// lse · log2 e and D by bulk copies, of each query block of 64 into two stages). Warpgroups 1 and 2
+// consume, consumer c owning keys 64 c + [0, 64) of the block. For every query head of the KV head's group and every
 // query block that sees the key block:
 //   Sᵀ = K_c Qᵀ, dPᵀ = V_c dOᵀ           wgmma m64n64 SS (all four tiles K-major, as TMA wrote them)
 //   Pᵀ = 2^(Sᵀ · scale · log2 e − lse₂),  dSᵀ = Pᵀ ∘ (dPᵀ − D)    in registers, masked at window
@@ -60,7 +60,10 @@ struct Sm90BwdConfig {
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
   static constexpr int kSlabBytesDs = kBlockM * 128, kTileBytesDs = (kBlockN / 64) * kSlabBytesDs;
   static constexpr int kTileBytesDq = kBlockM * kHeadDim * 4;
-  static constexpr int kStatsFloats = 2 * kBlockM;  // per stage: lse · log2 e, then D
+  // Per stage: lse · log2 e, then D, each in a slot of kBlockM + 4 floats: a block's statistics are
+  // copied from the 16-byte aligned float at or before their first (varlen rows are packed
+  // without padding), so they start up to 3 floats into the slot.
+  static constexpr int kStatsSlot = kBlockM + 4, kStatsFloats = 2 * kStatsSlot;
   // Offsets from the 1024-byte aligned base (every tile on a swizzle atom).
   static constexpr int kOffK = 0, kOffV = kTileBytesKV, kOffQ = 2 * kTileBytesKV;
   static constexpr int kOffDo = kOffQ + kStages * kTileBytesQ;
@@ -85,12 +88,13 @@ struct Sm90BwdMaps {
   CUtensorMap q, k, v, dout, dk, dv;  // (dk and dv: stores of 64-row boxes)
 };
 
-// dq_accum's 64 × 128 tile of (batch entry, query block, head): the FA2-design backward's tile
-// order (bwd_dq_first_tile_row), row-major inside with each row's 16-byte chunks permuted
-// (sm90_dq_col). The main kernel adds into it, the convert reads it.
-FX_DEVICE float* sm90_dq_tile(const FlashBwdParams& p, const BwdWorkspace& w, int batch, int m_block, int head) {
+// dq_accum's 64 × 128 tile of (batch entry, query block, head; q_start: a varlen sequence's first
+// row): the FA2-design backward's tile order (bwd_dq_first_tile_row), row-major inside with each
+// row's 16-byte chunks permuted (sm90_dq_col). The main kernel adds into it, the convert reads it.
+FX_DEVICE float* sm90_dq_tile(const FlashBwdParams& p, const BwdWorkspace& w, int batch, int64_t q_start, int m_block,
+                             int head) {
   constexpr int kBlockM = Sm90BwdConfig::kBlockM;
-  const int64_t tile_row = bwd_dq_first_tile_row<kBlockM>(p, batch, 0) + m_block;
+  const int64_t tile_row = bwd_dq_first_tile_row<kBlockM>(p, batch, q_start) + m_block;
   return w.dq_accum + (tile_row * p.heads + head) * (kBlockM * Sm90BwdConfig::kHeadDim);
 }
 
@@ -106,6 +110,20 @@ FX_DEVICE int sm90_dq_col(int row, int col) {
   return (((col >> 2) ^ key) << 2) | (col & 3);
 }
 
+// Where a query block's statistics start in w.lse2 / w.dsum (the float index), and how many floats
+// from the 16-byte aligned one at or before it cover its rows: whole 16-byte chunks, at most
+// kBlockM + 3 rounded up to 4 = kStatsSlot; inside the arrays (their sizes are 256-byte multiples).
+struct BwdStatsSpan {
+  int64_t at;
+  int shift, floats;
+};
+FX_DEVICE BwdStatsSpan bwd_stats_span(const BwdWorkspace& w, int batch, int head, int64_t q_start, int m_start,
+                                      int seqlen_q) {
+  const int64_t at = int64_t(batch) * w.stats_batch_stride + int64_t(head) * w.stats_head_stride + q_start + m_start;
+  const int shift = int(at % 4), rows = min(Sm90BwdConfig::kBlockM, seqlen_q - m_start);
+  return {at, shift, (shift + rows + 3) / 4 * 4};
+}
+
 // The query heads and blocks a CTA visits, in the order producer and consumers share: iteration
 // `it` is head `first_head + it / blocks`, query block `m_first + it % blocks`.
 struct BwdSchedule {
@@ -114,10 +132,10 @@ struct BwdSchedule {
   FX_DEVICE int m_block(int it) const { return m_first + it % blocks; }
 };
 
-// kLeftWindowOrSoftcap: a left window edge or a soft-cap (a kernel of its own: their masks and
-// tanh cost the full and causal calls 4-10 % when built in; right edges, causal among them, are
-// run-time arguments of both).
-template <typename T, bool kLeftWindowOrSoftcap>
+// kGeneral: a left window edge, a soft-cap or packed varlen sequences (a kernel of its own: the
+// masks and tanh cost the full and causal calls 4-10 % when built in, varlen's unaligned statistics
+// and per-sequence rows 2 %; right edges, causal among them, are run-time arguments of both).
+template <typename T, bool kGeneral>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(const FlashBwdParams p, const BwdWorkspace w, const __grid_constant__ Sm90BwdMaps maps) {
   namespace sm90 = flashext::sm90;
@@ -132,23 +150,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* smem_do = base + C::kOffDo;  // [stage]
   unsigned char* smem_ds = base + C::kOffDs;
   float* smem_dq = reinterpret_cast<float*>(base + C::kOffDq);
-  float* stats = reinterpret_cast<float*>(base + C::kOffStats);  // [stage][lse₂ kBlockM | D kBlockM]
+  float* stats = reinterpret_cast<float*>(base + C::kOffStats);  // [stage][lse₂ kStatsSlot | D kStatsSlot]
   uint64_t* bars = reinterpret_cast<uint64_t*>(base + C::kOffBars);
   uint64_t* kv_full = bars;
   uint64_t* full = bars + 1;             // [kStages]: Q, dO and the stats (transaction bytes)
   uint64_t* empty = bars + 1 + kStages;  // [kStages]: one arrival per consumer thread
 
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const int kv_head = blockIdx.y, batch = blockIdx.z;
-  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, n_start = blockIdx.x * kBlockN;
-  // Query i sees key j when i + diag − window_left ≤ j ≤ i + diag + p.window_right (−1: unbounded;
-  // causal is window_right 0), so the query blocks holding a row that sees a key of the block are
-  // [m_first, m_end).
-  const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;
-  // (made in each role after its register reallocation: fewer values live across the producer's
-  // drop to 24 registers)
-  const auto schedule = [&] {
-    const int window_left = kLeftWindowOrSoftcap ? p.window_left : -1;
+  const int kv_head = blockIdx.y, batch = blockIdx.z, n_start = blockIdx.x * kBlockN;
+  // (varlen: a sequence shorter than the longest has CTAs past its keys: the whole CTA leaves)
+  const bool varlen = kGeneral && p.cu_seqlens_q != nullptr;
+  const auto rows_of_sequence = [&] {
+    return varlen ? sequence_rows(p, batch) : SequenceRows{p.seqlen_q, p.seqlen_k, 0, 0};
+  };
+  if (varlen && n_start >= rows_of_sequence().seqlen_k) return;
+  // This sequence's rows (varlen: in the packed tensors, which the maps span as one batch entry),
+  // read again in each role after its register reallocation (fewer values live across the
+  // producer's drop to 24 registers), as is the schedule. Query i sees key j when
+  // i + diag − window_left ≤ j ≤ i + diag + window_right (−1: unbounded; causal is window_right 0),
+  // so the query blocks holding a row that sees a key of the block are [m_first, m_end).
+  const auto schedule = [&](int seqlen_q, int diag) {
+    const int window_left = kGeneral ? p.window_left : -1;
     const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
     const int m_first = p.window_right >= 0 ? min(num_m, max(0, n_start - diag - p.window_right) / kBlockM) : 0;
     const int m_end = window_left >= 0
@@ -170,31 +192,37 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 0) {  // producer
     sm90::setmaxnreg_dec<kProducerRegisters>();
-    const BwdSchedule sched = schedule();
+    const SequenceRows seq = rows_of_sequence();
+    const int seqlen_q = seq.seqlen_q;
+    const BwdSchedule sched = schedule(seqlen_q, p.align_top_left ? 0 : seq.seqlen_k - seqlen_q);
     const int warp = threadIdx.x / 32;
     if (warp == 0 && lane == 0) {
+      const int q_row0 = varlen ? int(seq.q_start) : 0, k_row0 = varlen ? int(seq.k_start) : 0;
+      const int map_batch = varlen ? 0 : batch;
       sm90::mbarrier_arrive_expect_tx(kv_full, 2 * C::kTileBytesKV);
       for (int slab = 0; slab < kSlabs; ++slab) {
-        sm90::tma_load_4d(smem_k + slab * C::kSlabBytesKV, &maps.k, kv_full, 64 * slab, kv_head, n_start, batch);
-        sm90::tma_load_4d(smem_v + slab * C::kSlabBytesKV, &maps.v, kv_full, 64 * slab, kv_head, n_start, batch);
+        sm90::tma_load_4d(smem_k + slab * C::kSlabBytesKV, &maps.k, kv_full, 64 * slab, kv_head, k_row0 + n_start,
+                          map_batch);
+        sm90::tma_load_4d(smem_v + slab * C::kSlabBytesKV, &maps.v, kv_full, 64 * slab, kv_head, k_row0 + n_start,
+                          map_batch);
       }
       for (int it = 0; it < sched.iterations; ++it) {
         const int stage = it % kStages, head = sched.head(it), m_start = sched.m_block(it) * kBlockM;
-        // The block's statistics rows that exist (the rows are padded to 4 per head: whole 16-byte
-        // chunks); the consumers ignore rows past the sequence.
-        const int64_t at = int64_t(batch) * w.stats_batch_stride + int64_t(head) * w.stats_head_stride + m_start;
-        const uint32_t stats_bytes = 4 * uint32_t(min(int64_t(kBlockM), w.stats_head_stride - m_start));
+        // The block's statistics rows that exist, in whole 16-byte chunks; the consumers ignore
+        // rows past the sequence.
+        const BwdStatsSpan span = bwd_stats_span(w, batch, head, seq.q_start, m_start, seqlen_q);
+        const uint32_t stats_bytes = 4 * uint32_t(span.floats);
         if (it >= kStages) sm90::mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
         sm90::mbarrier_arrive_expect_tx(&full[stage], 2 * C::kTileBytesQ + 2 * stats_bytes);
         for (int slab = 0; slab < kSlabs; ++slab) {
           sm90::tma_load_4d(smem_q + stage * C::kTileBytesQ + slab * C::kSlabBytesQ, &maps.q, &full[stage], 64 * slab,
-                            head, m_start, batch);
+                            head, q_row0 + m_start, map_batch);
           sm90::tma_load_4d(smem_do + stage * C::kTileBytesQ + slab * C::kSlabBytesQ, &maps.dout, &full[stage],
-                            64 * slab, head, m_start, batch);
+                            64 * slab, head, q_row0 + m_start, map_batch);
         }
         float* st = stats + stage * C::kStatsFloats;
-        sm90::bulk_load(st, w.lse2 + at, stats_bytes, &full[stage]);
-        sm90::bulk_load(st + kBlockM, w.dsum + at, stats_bytes, &full[stage]);
+        sm90::bulk_load(st, w.lse2 + (span.at - span.shift), stats_bytes, &full[stage]);
+        sm90::bulk_load(st + C::kStatsSlot, w.dsum + (span.at - span.shift), stats_bytes, &full[stage]);
       }
     }
     return;
@@ -203,14 +231,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Consumers: warpgroup c = 0, 1 owns keys 64 c + [0, 64) of the block; this thread keys key0 and
   // key0 + 8 (within the block) in Sᵀ, dPᵀ, dK and dV, and query rows 16 warp + lane / 4 (+ 8) in dQ.
   sm90::setmaxnreg_inc<kConsumerRegisters>();
-  const BwdSchedule sched = schedule();
+  // (the sequence's first rows are read again where needed: fewer 64-bit values live in the loop)
+  int seqlen_q, seqlen_k, q_start_mod4;
+  {
+    const SequenceRows seq = rows_of_sequence();
+    seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k, q_start_mod4 = int(seq.q_start % 4);
+  }
+  const int diag = p.align_top_left ? 0 : seqlen_k - seqlen_q;
+  const BwdSchedule sched = schedule(seqlen_q, diag);
   const int c = warpgroup - 1, warp = (threadIdx.x / 32) % 4, quad = lane % 4;
   const int key0 = 64 * c + 16 * warp + lane / 4;
   // Soft-cap: scores capped = softcap · tanh(raw · scale / softcap). s then holds the tanh and P =
   // 2^(tanh · softcap · log2 e − lse₂); dS picks up d capped / d raw = 1 − tanh² (the scale comes
   // with dK's and dQ's).
-  const bool softcap_on = kLeftWindowOrSoftcap && p.softcap > 0.0f;
-  const int window_left = kLeftWindowOrSoftcap ? p.window_left : -1;
+  const bool softcap_on = kGeneral && p.softcap > 0.0f;
+  const int window_left = kGeneral ? p.window_left : -1;
   const float score_scale = (softcap_on ? p.softcap : p.softmax_scale) * kLog2e;
   const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
 
@@ -219,7 +254,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int e = 0; e < 64; ++e) acc_dk[e] = acc_dv[e] = 0.0f;
 
+  // Varlen: a block's rows past its sequence are the next sequence's (or rows no sequence covers:
+  // any bits, NaN included), and they enter products whose zero factors do not cancel them
+  // (0 · NaN): zeroed in shared memory once landed (the key block's at the start, a query block's
+  // at its step), as the forward zeroes V's; dense tiles end at the tensor's rows (TMA's zeros).
+  const auto zero_rows_past = [&](unsigned char* tile, int slab_bytes, int rows, int first) {
+    const int chunks = (rows - first) * 8;  // 16-byte chunks per slab
+    for (int i = threadIdx.x - 128; i < chunks * kSlabs; i += 256) {
+      const int slab = i / chunks, chunk = i % chunks;
+      *reinterpret_cast<uint4*>(tile + slab * slab_bytes + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+    }
+  };
+  // A pair of statistics: one 8-byte load in the dense kernel, two single floats in the general
+  // one, where a varlen block's statistics start `shift` floats into the stage's slot.
+  const auto stat_pair = [&](const float* at) {
+    return kGeneral ? make_float2(at[0], at[1]) : *reinterpret_cast<const float2*>(at);
+  };
   sm90::mbarrier_wait(kv_full, 0);
+  if (varlen && n_start + kBlockN > seqlen_k) {
+    zero_rows_past(smem_k, C::kSlabBytesKV, kBlockN, seqlen_k - n_start);
+    zero_rows_past(smem_v, C::kSlabBytesKV, kBlockN, seqlen_k - n_start);
+    sm90::fence_proxy_async();  // (before wgmma reads them)
+    sm90::named_barrier_sync(kBarrierDs, 256);
+  }
   // Sᵀ's and dPᵀ's A: this warpgroup's 64 rows of K and V (64 · 128 bytes into every slab).
   const uint64_t desc_k_rows = sm90::smem_descriptor(smem_k + 64 * 128 * c, 16, 1024);
   const uint64_t desc_v_rows = sm90::smem_descriptor(smem_v + 64 * 128 * c, 16, 1024);
@@ -234,8 +291,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::mbarrier_wait(&full[stage], (it / kStages) & 1);
     unsigned char* q_tile = smem_q + stage * C::kTileBytesQ;
     unsigned char* do_tile = smem_do + stage * C::kTileBytesQ;
-    const float* lse2 = stats + stage * C::kStatsFloats;
-    const float* dsum = lse2 + kBlockM;
+    if (varlen && m_start + kBlockM > seqlen_q) {
+      zero_rows_past(q_tile, C::kSlabBytesQ, kBlockM, seqlen_q - m_start);
+      zero_rows_past(do_tile, C::kSlabBytesQ, kBlockM, seqlen_q - m_start);
+      sm90::fence_proxy_async();
+      sm90::named_barrier_sync(kBarrierDs, 256);
+    }
+    // (this block's statistics, bwd_stats_span's shift floats into the stage's slots, m_start being
+    // a multiple of 4; dense statistics are 16-byte aligned, shift 0)
+    const int shift =
+        varlen ? int((q_start_mod4 + batch * (w.stats_batch_stride % 4) + head * (w.stats_head_stride % 4)) % 4) : 0;
+    const float* lse2 = stats + stage * C::kStatsFloats + shift;
+    const float* dsum = lse2 + C::kStatsSlot;
 
     // Sᵀ = K_c Qᵀ and dPᵀ = V_c dOᵀ: head-dim k16 step kk is slab kk / 4, 32 bytes × (kk % 4) in.
     // Two commit groups, so Pᵀ's exponentials run while dPᵀ's GEMM does.
@@ -286,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t p16[8][2], ds16[8][2];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * quad);
+      float2 l2 = stat_pair(lse2 + 8 * i + 2 * quad);
       if (tail) {
         const int query = m_start + 8 * i + 2 * quad;
         if (query >= seqlen_q) l2.x = INFINITY;
@@ -329,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_operands(dp);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      float2 dd = *reinterpret_cast<const float2*>(dsum + 8 * i + 2 * quad);
+      float2 dd = stat_pair(dsum + 8 * i + 2 * quad);
       if (tail) {
         const int query = m_start + 8 * i + 2 * quad;
         if (query >= seqlen_q) dd.x = 0.0f;
@@ -414,7 +481,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_proxy_async();
     sm90::named_barrier_sync(kBarrierDq, 256);
     if (threadIdx.x == 128) {
-      sm90::bulk_reduce_add_f32(sm90_dq_tile(p, w, batch, m_block, head), smem_dq, C::kTileBytesDq);
+      sm90::bulk_reduce_add_f32(sm90_dq_tile(p, w, batch, rows_of_sequence().q_start, m_block, head), smem_dq,
+                                C::kTileBytesDq);
       sm90::bulk_commit_group();
     }
   }
@@ -422,7 +490,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dK · scale and dV out through shared memory by TMA: consumer c's 64 key rows of each as two
   // 64-column slabs (128-byte swizzled, as the maps' boxes are), in Q's and dO's stages (c = 0 Q's,
   // 1 dO's), free once both consumers' last GEMMs have retired: the last step's dQ barrier comes
-  // after each one's final wait. Rows past the keys are left out by the maps.
+  // after each one's final wait. Rows past the keys are left out by the maps; varlen: a box that
+  // would reach past its sequence (into the next one's rows) is copied out by the warpgroup instead.
   {
     unsigned char* out = smem_q + c * C::kStages * C::kTileBytesQ;  // dK slabs 0, 1, then dV's
     static_assert(2 * C::kStages * C::kTileBytesQ == 2 * 2 * C::kSlabs * (kBlockN / 2) * 128,
@@ -446,15 +515,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     sm90::fence_proxy_async();  // (the generic stores before the TMA's reads)
     sm90::named_barrier_sync(kBarrierDs, 256);
-    if (threadIdx.x % 128 == 0) {
-      const int key_row = n_start + (kBlockN / 2) * c;
+    const int first_key = n_start + (kBlockN / 2) * c;
+    if (varlen && first_key + kBlockN / 2 > seqlen_k) {
+      // 16-byte chunks of the rows in the sequence: chunk h of a row is slab h / 8, swizzled h % 8.
+      const int64_t k_row = rows_of_sequence().k_start + first_key;
+      T* dk = static_cast<T*>(p.dk) + k_row * p.dk_row_stride + int64_t(kv_head) * p.dk_head_stride;
+      T* dv = static_cast<T*>(p.dv) + k_row * p.dv_row_stride + int64_t(kv_head) * p.dv_head_stride;
+      constexpr int kChunks = C::kHeadDim / 8;
+      for (int i = threadIdx.x % 128; i < (seqlen_k - first_key) * kChunks; i += 128) {
+        const int row = i / kChunks, h = i % kChunks;
+        const unsigned char* at = out + (h / 8) * kSlabBytesOut + row * 128 + (((h % 8) ^ (row % 8)) << 4);
+        *reinterpret_cast<uint4*>(dk + int64_t(row) * p.dk_row_stride + 8 * h) = *reinterpret_cast<const uint4*>(at);
+        *reinterpret_cast<uint4*>(dv + int64_t(row) * p.dv_row_stride + 8 * h) =
+            *reinterpret_cast<const uint4*>(at + C::kSlabs * kSlabBytesOut);
+      }
+    } else if (threadIdx.x % 128 == 0) {
+      const int key_row = int(rows_of_sequence().k_start) + first_key;
+      const int map_batch = varlen ? 0 : batch;
       for (int slab = 0; slab < C::kSlabs; ++slab) {
-        sm90::tma_store_4d(&maps.dk, out + slab * kSlabBytesOut, 64 * slab, kv_head, key_row, batch);
-        sm90::tma_store_4d(&maps.dv, out + (C::kSlabs + slab) * kSlabBytesOut, 64 * slab, kv_head, key_row, batch);
+        sm90::tma_store_4d(&maps.dk, out + slab * kSlabBytesOut, 64 * slab, kv_head, key_row, map_batch);
+        sm90::tma_store_4d(&maps.dv, out + (C::kSlabs + slab) * kSlabBytesOut, 64 * slab, kv_head, key_row,
+                           map_batch);
       }
       sm90::bulk_commit_group();
-      sm90::bulk_wait_group_read<0>();  // (this thread's dQ adds and stores have read their shared memory)
     }
+    // (this thread's dQ adds and dK / dV stores have read their shared memory before the CTA exits)
+    if (threadIdx.x % 128 == 0) sm90::bulk_wait_group_read<0>();
   }
 }
 
@@ -464,12 +550,16 @@ template <typename T>
 __global__ void __launch_bounds__(128) flash_bwd_sm90_convert_dq(const FlashBwdParams p, const BwdWorkspace w) {
   constexpr int kBlockM = Sm90BwdConfig::kBlockM, kHeadDim = Sm90BwdConfig::kHeadDim;
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const float* tile = sm90_dq_tile(p, w, batch, m_block, head);
-  T* dq = static_cast<T*>(p.dq) + int64_t(batch) * p.dq_batch_stride + int64_t(head) * p.dq_head_stride;
+  const SequenceRows seq = sequence_rows(p, batch);
+  if (m_block * kBlockM >= seq.seqlen_q) return;
+  const float* tile = sm90_dq_tile(p, w, batch, seq.q_start, m_block, head);
+  T* dq = static_cast<T*>(p.dq) +
+          (p.cu_seqlens_q != nullptr ? seq.q_start * p.dq_row_stride : int64_t(batch) * p.dq_batch_stride) +
+          int64_t(head) * p.dq_head_stride;
   for (int pair = threadIdx.x; pair < kBlockM * kHeadDim / 2; pair += blockDim.x) {
     const int row = pair / (kHeadDim / 2), col = 2 * (pair % (kHeadDim / 2));
     const int query = m_block * kBlockM + row;
-    if (query >= p.seqlen_q) break;  // (rows ascend with pair)
+    if (query >= seq.seqlen_q) break;  // (rows ascend with pair)
     const float2 a = *reinterpret_cast<const float2*>(tile + row * kHeadDim + sm90_dq_col(row, col));
     *reinterpret_cast<uint32_t*>(dq + int64_t(query) * p.dq_row_stride + col) =
         ptx::pack2<T>(a.x * p.softmax_scale, a.y * p.softmax_scale);
@@ -482,19 +572,25 @@ cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream
   const BwdWorkspace w = bwd_workspace<C::kHeadDim>(p, workspace);
   FX_RETURN_IF_ERROR(launch_bwd_preprocess<T>(p, w, stream));
   Sm90BwdMaps maps;
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.q, p.q, C::kHeadDim, p.heads, p.seqlen_q, p.batch,
+  // Varlen: the maps span the packed rows as one batch entry (a sequence's blocks start at its
+  // first row; rows past it are the next sequence's, which the masks and statistics zero out).
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  const int map_batches = varlen ? 1 : p.batch;
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.q, p.q, C::kHeadDim, p.heads, rows_q, map_batches,
                                             p.q_row_stride, p.q_head_stride, p.q_batch_stride, C::kBlockM));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dout, p.dout, C::kHeadDim, p.heads, p.seqlen_q, p.batch,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dout, p.dout, C::kHeadDim, p.heads, rows_q, map_batches,
                                             p.do_row_stride, p.do_head_stride, p.do_batch_stride, C::kBlockM));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.k, p.k, C::kHeadDim, p.heads_kv, p.seqlen_k, p.batch,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.k, p.k, C::kHeadDim, p.heads_kv, rows_k, map_batches,
                                             p.k_row_stride, p.k_head_stride, p.k_batch_stride, C::kBlockN));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, C::kHeadDim, p.heads_kv, p.seqlen_k, p.batch,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, C::kHeadDim, p.heads_kv, rows_k, map_batches,
                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, C::kBlockN));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dk, p.dk, C::kHeadDim, p.heads_kv, p.seqlen_k, p.batch,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dk, p.dk, C::kHeadDim, p.heads_kv, rows_k, map_batches,
                                             p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, C::kBlockN / 2));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dv, p.dv, C::kHeadDim, p.heads_kv, p.seqlen_k, p.batch,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dv, p.dv, C::kHeadDim, p.heads_kv, rows_k, map_batches,
                                             p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, C::kBlockN / 2));
-  auto kernel = p.window_left >= 0 || p.softcap > 0.0f ? flash_bwd_sm90_kernel<T, true> : flash_bwd_sm90_kernel<T, false>;
+  auto kernel = p.window_left >= 0 || p.softcap > 0.0f || varlen ? flash_bwd_sm90_kernel<T, true>
+                                                                  : flash_bwd_sm90_kernel<T, false>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, C::kSmemBytes));
   const dim3 grid(unsigned((p.seqlen_k + C::kBlockN - 1) / C::kBlockN), unsigned(p.heads_kv), unsigned(p.batch));
   kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(p, w, maps);
@@ -513,7 +609,12 @@ bool flash_bwd_sm90_takes(const FlashBwdParams& p) {
   // The TMA maps: 16-byte aligned tensors and strides (in elements, multiples of 8).
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const auto strides = [](int64_t a, int64_t b, int64_t c) { return a % 8 == 0 && b % 8 == 0 && c % 8 == 0; };
-  return p.head_dim == 128 && p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.block_mask == nullptr &&
+  // Varlen: both offsets, packed rows the maps' int32 coordinates reach.
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const bool rows = varlen ? p.cu_seqlens_k != nullptr && p.total_q > 0 && p.total_k > 0 && p.total_q <= INT32_MAX &&
+                                 p.total_k <= INT32_MAX
+                           : p.cu_seqlens_k == nullptr;
+  return p.head_dim == 128 && rows && p.block_mask == nullptr &&
          p.softcap >= 0.0f && !p.deterministic && p.lse != nullptr && p.batch >= 0 && p.heads > 0 &&
          p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q > 0 && p.seqlen_k > 0 && aligned(p.q) &&
          aligned(p.k) && aligned(p.v) && aligned(p.dout) && aligned(p.dk) && aligned(p.dv) &&

@@ -1,5 +1,5 @@
-// flashext Hopper FlashAttention backward (flash_bwd_sm90.cu), version 0: D = 128, dense batches,
-// fp16 / bf16, full, causal or windowed attention, soft-cap, GQA, the atomic (not the
+// flashext Hopper FlashAttention backward (flash_bwd_sm90.cu), version 0: D = 128, dense or packed
+// varlen batches, fp16 / bf16, full, causal or windowed attention, soft-cap, GQA, the atomic (not the
 // deterministic) dQ. The torch layer (csrc/torch/attention.cpp) calls it for the calls it takes
 // on a Hopper GPU, run_flash_bwd (the FA2-design kernels) otherwise;
 // FlashBwdKernel.Sm90AgainstCpuReference (tests/cpp/test_attention_backward.cpp) checks it against
