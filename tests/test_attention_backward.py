@@ -146,21 +146,24 @@ def test_varlen_rows_no_sequence_covers_get_zero_gradients():
         assert (g[70:] == 0).all() and torch.isfinite(g).all()
 
 
-def test_varlen_rows_no_sequence_covers_may_hold_nan():
+@pytest.mark.parametrize("lengths", [[40, 30], [100, 200]])
+def test_varlen_rows_no_sequence_covers_may_hold_nan(lengths):
     # A padded packed buffer: the rows past the last sequence hold any bits. Blocks reaching past
     # a sequence read them; nothing of them may reach the sequences' gradients (0 · NaN is NaN).
-    cu = cu_seqlens([40, 30])
-    q, k, v, dout = (randn(100, 2, 128, dtype=torch.bfloat16) for _ in range(4))
+    # ([100, 200]: the last sequence's second key block and its upper half of keys reach the NaN.)
+    cu, total = cu_seqlens(lengths), sum(lengths)
+    q, k, v, dout = (randn(total + 60, 2, 128, dtype=torch.bfloat16) for _ in range(4))
     for t in (q, k, v, dout):
-        t[70:] = float("nan")
-    dq, dk, dv = grads(lambda q, k, v: flashext.flash_attention_varlen(q, k, v, cu, cu, 40, 40, causal=True), q, k, v,
-                       dout)
-    want = ref.attention_varlen_backward(dout[:70], q[:70], k[:70], v[:70], cu, cu, causal=True)
-    base = ref.attention_varlen_backward(dout[:70], q[:70], k[:70], v[:70], cu, cu, causal=True,
+        t[total:] = float("nan")
+    call = lambda q, k, v: flashext.flash_attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+    dq, dk, dv = grads(call, q, k, v, dout)
+    rows = slice(0, total)
+    want = ref.attention_varlen_backward(dout[rows], q[rows], k[rows], v[rows], cu, cu, causal=True)
+    base = ref.attention_varlen_backward(dout[rows], q[rows], k[rows], v[rows], cu, cu, causal=True,
                                          compute_dtype=torch.bfloat16)
     for name, g, w, b in zip(("dq", "dk", "dv"), (dq, dk, dv), want, base):
-        assert (g[70:] == 0).all(), name
-        assert_close(f"varlen, NaN past the sequences: {name}", g[:70], w, b, factor=GRADIENT_FACTOR)
+        assert (g[total:] == 0).all(), name
+        assert_close(f"varlen, NaN past the sequences: {name}", g[rows], w, b, factor=GRADIENT_FACTOR)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])  # 128-, 64- and 128-row query steps

@@ -11,8 +11,8 @@
 // Main kernel. A CTA per (key block of 128, KV head, batch entry or packed varlen sequence).
 // Warpgroup 0 produces: thread 0 issues the TMA loads (K and V once; Q, dO, and the block's
 // lse · log2 e and D by bulk copies, of each query block of 64 into two stages). Warpgroups 1 and 2
-// consume, consumer c owning keys 64 c + [0, 64) of the block. For every query head of the KV head's group and every
-// query block that sees the key block:
+// consume, consumer c owning keys 64 c + [0, 64) of the block. For every query head of the KV
+// head's group and every query block that sees the key block:
 //   Sᵀ = K_c Qᵀ, dPᵀ = V_c dOᵀ           wgmma m64n64 SS (all four tiles K-major, as TMA wrote them)
 //   Pᵀ = 2^(Sᵀ · scale · log2 e − lse₂),  dSᵀ = Pᵀ ∘ (dPᵀ − D)    in registers, masked at window
 //   edges (causal: window_right 0) and soft-capped where asked
@@ -24,6 +24,11 @@
 // dq_accum's tiles are the FA2-design backward's (one 64 × 128 tile per (query block, head)),
 // row-major inside, each row's 16-byte chunks permuted (sm90_dq_col: conflict-free stores into
 // shared memory).
+// Varlen (packed sequences): the maps span the packed rows as one batch entry; CTAs past a
+// sequence's keys leave at once; rows of a block past its sequence (the next sequence's, or rows
+// no sequence covers: any bits) are zeroed in shared memory once landed; a block's statistics are
+// copied as the 16-byte aligned superset of its rows (kStatsSlot); a consumer's dK / dV box that
+// would reach past the sequence leaves by its warpgroup's 16-byte stores instead of TMA.
 //
 //   shared memory: K, V 2 · 32 + Q, dO 2 stages · 2 · 16 + dS 16 + dQ 32 + lse₂, D 1 = 177 KiB
 //   (178 with the barriers and the 1024-byte alignment slack)
@@ -299,8 +304,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // (this block's statistics, bwd_stats_span's shift floats into the stage's slots, m_start being
     // a multiple of 4; dense statistics are 16-byte aligned, shift 0)
-    const int shift =
-        varlen ? int((q_start_mod4 + batch * (w.stats_batch_stride % 4) + head * (w.stats_head_stride % 4)) % 4) : 0;
+    // (varlen statistics are [head][total_q], no batch stride)
+    const int shift = varlen ? int((q_start_mod4 + head * (w.stats_head_stride % 4)) % 4) : 0;
     const float* lse2 = stats + stage * C::kStatsFloats + shift;
     const float* dsum = lse2 + C::kStatsSlot;
 
@@ -330,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Pᵀ rounded to T (for dV), and in s, fp32, Pᵀ times the soft-cap's derivative where capped
     // (for dS). Element 4 i + 2 r + e: key key0 + 8 r, query m_start + 8 i + 2 quad + e. The mask
     // only where the block crosses a window's edge or the keys' end; rows past the sequence (their
-    // stats not copied: whatever the stage held) get P = 0 and D = 0.
+    // stats not copied, or the next sequence's: whatever the stage holds) get P = 0 and D = 0.
     if (softcap_on) {  // (a uniform branch around the loop)
 #pragma unroll
       for (int e = 0; e < 32; ++e) s[e] = tanhf(s[e] * cap_scale);
