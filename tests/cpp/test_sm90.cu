@@ -261,59 +261,49 @@ __global__ void bulk_reduce_kernel(float* sum, int elements) {
 }
 
 // One warp holds a 16 × 16 tile m in the m16n8k16 A-fragment layout (registers: rows 0-7 × columns
-// 0-7, rows 8-15 × 0-7, rows 0-7 × 8-15, rows 8-15 × 8-15) and stores mᵀ with one stmatrix.
-template <typename T>
+// 0-7, rows 8-15 × 0-7, rows 0-7 × 8-15, rows 8-15 × 8-15) and stores it with one stmatrix:
+// transposed, matrix i (row block i % 2, column block i / 2) lands at rows 8 (i / 2) + j, columns
+// 8 (i % 2); as is, at its place.
+template <typename T, bool kTranspose>
 __global__ void stmatrix_kernel(const T* m, T* out) {
   __shared__ __align__(16) T tile[16][16];
   const int lane = threadIdx.x, g = lane / 4, q = lane % 4;
   const auto pair = [&](int row, int col) { return *reinterpret_cast<const uint32_t*>(m + row * 16 + col); };
   const uint32_t r0 = pair(g, 2 * q), r1 = pair(g + 8, 2 * q), r2 = pair(g, 2 * q + 8), r3 = pair(g + 8, 2 * q + 8);
-  // matrix i (row block i % 2, column block i / 2) lands transposed at rows 8 (i / 2) + j, columns 8 (i % 2)
   const int i = lane / 8, j = lane % 8;
-  flashext::sm90::stmatrix_x4_trans(&tile[8 * (i / 2) + j][8 * (i % 2)], r0, r1, r2, r3);
+  if constexpr (kTranspose) {
+    flashext::sm90::stmatrix_x4_trans(&tile[8 * (i / 2) + j][8 * (i % 2)], r0, r1, r2, r3);
+  } else {
+    flashext::sm90::stmatrix_x4(&tile[8 * (i % 2) + j][8 * (i / 2)], r0, r1, r2, r3);
+  }
   __syncwarp();
   for (int e = lane; e < 256; e += 32) out[e] = tile[e / 16][e % 16];
+}
+
+// The 16 × 16 tile of values 0 … 255 (exact in 16 bits), row-major, through stmatrix_kernel.
+template <typename T, bool kTranspose>
+std::vector<T> stmatrix_of_iota() {
+  std::vector<T> m(256);
+  for (int e = 0; e < 256; ++e) m[e] = flashext_test::from_float<T>(float(e));
+  DeviceBuffer dm(sizeof(T) * 256), dout(sizeof(T) * 256);
+  flashext_test::upload(dm.get(), m);
+  stmatrix_kernel<T, kTranspose><<<1, 32>>>(dm.at<T>(), dout.at<T>());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return flashext_test::download<T>(dout.get(), 256);
 }
 
 TYPED_TEST(Sm90Primitives, StmatrixStoresTheTranspose) {
   FX_SKIP_WITHOUT_GPU();
   if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
-  using T = TypeParam;
-  std::vector<T> m(256);
-  for (int e = 0; e < 256; ++e) m[e] = flashext_test::from_float<T>(float(e));  // exact in 16 bits
-  DeviceBuffer dm(sizeof(T) * 256), dout(sizeof(T) * 256);
-  flashext_test::upload(dm.get(), m);
-  stmatrix_kernel<T><<<1, 32>>>(dm.at<T>(), dout.at<T>());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const auto out = flashext_test::download<T>(dout.get(), 256);
+  const auto out = stmatrix_of_iota<TypeParam, true>();
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c) ASSERT_EQ(to_float(out[r * 16 + c]), float(c * 16 + r)) << r << ", " << c;
-}
-
-// As stmatrix_kernel, stored as is: matrix i (row block i % 2, column block i / 2) at its place.
-template <typename T>
-__global__ void stmatrix_as_is_kernel(const T* m, T* out) {
-  __shared__ __align__(16) T tile[16][16];
-  const int lane = threadIdx.x, g = lane / 4, q = lane % 4;
-  const auto pair = [&](int row, int col) { return *reinterpret_cast<const uint32_t*>(m + row * 16 + col); };
-  const uint32_t r0 = pair(g, 2 * q), r1 = pair(g + 8, 2 * q), r2 = pair(g, 2 * q + 8), r3 = pair(g + 8, 2 * q + 8);
-  const int i = lane / 8, j = lane % 8;
-  flashext::sm90::stmatrix_x4(&tile[8 * (i % 2) + j][8 * (i / 2)], r0, r1, r2, r3);
-  __syncwarp();
-  for (int e = lane; e < 256; e += 32) out[e] = tile[e / 16][e % 16];
 }
 
 TYPED_TEST(Sm90Primitives, StmatrixStoresAsIs) {
   FX_SKIP_WITHOUT_GPU();
   if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
-  using T = TypeParam;
-  std::vector<T> m(256);
-  for (int e = 0; e < 256; ++e) m[e] = flashext_test::from_float<T>(float(e));
-  DeviceBuffer dm(sizeof(T) * 256), dout(sizeof(T) * 256);
-  flashext_test::upload(dm.get(), m);
-  stmatrix_as_is_kernel<T><<<1, 32>>>(dm.at<T>(), dout.at<T>());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const auto out = flashext_test::download<T>(dout.get(), 256);
+  const auto out = stmatrix_of_iota<TypeParam, false>();
   for (int e = 0; e < 256; ++e) ASSERT_EQ(to_float(out[e]), float(e)) << e;
 }
 

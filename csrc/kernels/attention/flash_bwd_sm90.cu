@@ -264,11 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (0 · NaN): zeroed in shared memory once landed (the key block's at the start, a query block's
   // at its step), as the forward zeroes V's; dense tiles end at the tensor's rows (TMA's zeros).
   const auto zero_rows_past = [&](unsigned char* tile, int slab_bytes, int rows, int first) {
-    const int chunks = (rows - first) * 8;  // 16-byte chunks per slab
-    for (int i = threadIdx.x - 128; i < chunks * kSlabs; i += 256) {
-      const int slab = i / chunks, chunk = i % chunks;
-      *reinterpret_cast<uint4*>(tile + slab * slab_bytes + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
-    }
+    sm90::zero_tile_rows(tile, kSlabs, slab_bytes, rows, first, threadIdx.x - 128, 256);
   };
   // A pair of statistics: one 8-byte load in the dense kernel, two single floats in the general
   // one, where a varlen block's statistics start `shift` floats into the stage's slot.

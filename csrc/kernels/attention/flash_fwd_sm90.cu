@@ -5,8 +5,8 @@
 //
 // D = 64, 128 and 256, dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
 // 192 rows at D = 64 unless a causal or windowed call's rows see under 4K keys, else 128, head,
-// sequence): warpgroup 0 is the producer (one thread issues
-// every TMA), warpgroups 1, 2 (and 3) consume 64 query rows each. Q and two stages of K and V live in shared memory as 64-column slabs
+// sequence): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1, 2 (and 3)
+// consume 64 query rows each. Q and two stages of K and V live in shared memory as 64-column slabs
 // with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
 // S = Q Kᵀ (wgmma SS, m64nN with N the block's keys), the online softmax in registers, O += P V
 // (wgmma RS: P from registers, V read MN-major as stored; n64 or n128 per instruction), then
@@ -280,11 +280,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // only within a row's 128 bytes), all consumer threads together, then orders the stores before
   // any warpgroup's wgmma reads the tile (named barrier 3: every consumer warpgroup).
   const auto zero_rows_past = [&](unsigned char* tile, int first) {
-    const int chunks = (kBlockN - first) * 8;  // 16-byte chunks per slab
-    for (int i = threadIdx.x - 128; i < chunks * kSlabs; i += 128 * Config::kConsumers) {
-      const int slab = i / chunks, chunk = i % chunks;
-      *reinterpret_cast<uint4*>(tile + slab * Config::kSlabBytesKV + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
-    }
+    sm90::zero_tile_rows(tile, kSlabs, Config::kSlabBytesKV, kBlockN, first, threadIdx.x - 128,
+                         128 * Config::kConsumers);
     sm90::fence_proxy_async();
     sm90::named_barrier_sync(3, 128 * Config::kConsumers);
   };
@@ -532,7 +529,8 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
 
 // The most keys a query row sees: the window's width where both edges are bounded, else all.
 int64_t visible_keys(const FlashFwdParams& p) {
-  const int64_t width = p.window_left >= 0 && p.window_right >= 0 ? int64_t(p.window_left) + p.window_right + 1 : p.seqlen_k;
+  const int64_t width =
+      p.window_left >= 0 && p.window_right >= 0 ? int64_t(p.window_left) + p.window_right + 1 : p.seqlen_k;
   return std::min<int64_t>(width, p.seqlen_k);
 }
 

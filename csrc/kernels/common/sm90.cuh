@@ -148,6 +148,19 @@ FX_DEVICE void fence_proxy_async() {
 #endif
 }
 
+// Zeroes rows [first, rows) of a landed tile of `slabs` 64-column slabs (128-byte rows, slab_bytes
+// apart; the 128-byte swizzle moves 16-byte chunks only within a row), thread `thread` of `threads`
+// taking every threads-th chunk. The caller orders the stores before async-proxy reads
+// (fence_proxy_async and a barrier of the threads).
+FX_DEVICE void zero_tile_rows(unsigned char* tile, int slabs, int slab_bytes, int rows, int first, int thread,
+                              int threads) {
+  const int chunks = (rows - first) * 8;  // 16-byte chunks per slab
+  for (int i = thread; i < chunks * slabs; i += threads) {
+    const int slab = i / chunks, chunk = i % chunks;
+    *reinterpret_cast<uint4*>(tile + slab * slab_bytes + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // ---- bulk reductions from shared memory (§9.7.9.24 cp.reduce.async.bulk, bulk async-groups) ----
 // Adds `bytes` of fp32 (a multiple of 16; both addresses 16-byte aligned) from shared memory into
 // global memory, element by element and atomically per element, by the bulk copy engine; the

@@ -26,8 +26,9 @@ cudaError_t make_tma_4d_swizzle128(CUtensorMap* map, const void* base, const uin
 
 // An attention tensor (q, k, v, dout, dk, dv: batch × rows × heads × head_dim, 16-bit, element
 // strides) as the 4-D map (head_dim, heads, rows, batch) with boxes of 64 columns × box_rows rows
-// of one head: a tile's 64-column slabs, 128-byte swizzled. The stride of a dim of size 1 addresses nothing, but
-// the TMA wants every stride a multiple of 16 bytes: such dims get the dense one.
+// of one head: a tile's 64-column slabs, 128-byte swizzled. The stride of a dim of size 1
+// addresses nothing, but the TMA wants every stride a multiple of 16 bytes: such dims get the
+// dense one.
 cudaError_t make_tma_attention_map(CUtensorMap* map, const void* base, int64_t head_dim, int64_t heads, int64_t rows,
                                    int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
                                    uint32_t box_rows);
