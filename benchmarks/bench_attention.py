@@ -14,8 +14,9 @@ fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2
 train   forward + backward and the backward alone, TFLOP/s (forward 4·B·H·S²·D, backward 2.5× that,
         halved when causal), same grid as fwd: flashext, its Triton twin, SDPA's flash and cuDNN
         backends and SDPA with no backend chosen (what a training script gets), and on sm_90 at
-        D = 128 flashext_sm90 (flash_attention's forward with the Hopper backward alone). Gradients are
-        checked first against flashext.reference.attention_backward on one (batch, head) slice.
+        D = 64 and 128 flashext_sm90 (flash_attention's forward with the Hopper backward alone).
+        Gradients are checked first against flashext.reference.attention_backward on one (batch,
+        head) slice.
 memory  peak extra memory of one forward, and of forward + backward, at B = H = 1, D = 128, fp16:
         flashext against SDPA's math backend (which materialises the S × S scores) and, for the
         backward, SDPA's flash backend, S = 4096 … 65536.
@@ -171,19 +172,20 @@ def train_implementations():
         "sdpa_cudnn": (sdpa_backend(SDPBackend.CUDNN_ATTENTION), "bhsd"),
         "sdpa_default": (sdpa_default, "bhsd"),
     }
-    if attention._hopper_forward_available():  # the Hopper backward alone (D = 128 only; refused elsewhere)
+    if attention._hopper_forward_available():  # the Hopper backward alone (D = 64 and 128; refused elsewhere)
         impls["flashext_sm90"] = (HopperBackward.apply, "bshd")
     return impls
 
 
 class HopperBackward(torch.autograd.Function):
     """flash_attention's forward, then the Hopper backward by its private op (full or causal; the
-    one flash_attention's backward runs at D = 128): the column flashext_sm90 of the train section."""
+    one flash_attention's backward runs at D = 64 and 128): the column flashext_sm90 of the train
+    section."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal):
-        if q.shape[-1] != 128:
-            raise ValueError(f"the Hopper backward takes head dim 128, got {q.shape[-1]}")
+        if q.shape[-1] not in (64, 128):
+            raise ValueError(f"the Hopper backward takes head dim 64 or 128, got {q.shape[-1]}")
         out, lse = flashext.flash_attention(q, k, v, causal=causal, return_lse=True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal = causal

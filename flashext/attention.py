@@ -29,11 +29,11 @@ def _deterministic(deterministic: bool) -> bool:
 def use_hopper_kernels(enabled: bool = True) -> bool:
     """Allow (the default) or forbid the Hopper (sm_90a) attention kernels where they apply (on an
     H100/H200 with a build holding sm_90a code: today the forward at head dim 128 and 256, and at 64
-    from 512 keys; the backward at head dim 128, dense or varlen, when not deterministic). Forbidden,
-    every call runs the portable FA2-design kernels, as on other GPUs: to compare the two, or as a
-    fallback. Process-wide and read as each call runs (under torch.compile too; a captured CUDA
-    graph keeps the kernels of its capture). Returns the previous setting. The environment
-    variable FLASHEXT_HOPPER=0 starts with them forbidden."""
+    from 512 keys; the backward at head dim 64 and 128, dense or varlen, when not deterministic).
+    Forbidden, every call runs the portable FA2-design kernels, as on other GPUs: to compare the
+    two, or as a fallback. Process-wide and read as each call runs (under torch.compile too; a
+    captured CUDA graph keeps the kernels of its capture). Returns the previous setting. The
+    environment variable FLASHEXT_HOPPER=0 starts with them forbidden."""
     from . import _build
 
     _build.require_extension()
@@ -60,7 +60,7 @@ def _flash_attention_sm90(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
 def _flash_attention_backward_sm90(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                    causal: bool = False,
                                    softmax_scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) by the Hopper backward alone: D = 128, dense, full or causal (this op's
+    """(dq, dk, dv) by the Hopper backward alone: D = 64 or 128, dense, full or causal (this op's
     arguments; flash_attention's backward runs it for windows and soft-cap too), from the forward's
     out and lse, on an sm_90 GPU with an sm_90a build. For its tests; not a public API."""
     return _ops._flash_attn_bwd_sm90(dout, q, k, v, out, lse, causal, softmax_scale)

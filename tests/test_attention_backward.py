@@ -146,13 +146,14 @@ def test_varlen_rows_no_sequence_covers_get_zero_gradients():
         assert (g[70:] == 0).all() and torch.isfinite(g).all()
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])  # (on Hopper: the Hopper backward's two tile shapes)
 @pytest.mark.parametrize("lengths", [[40, 30], [100, 200]])
-def test_varlen_rows_no_sequence_covers_may_hold_nan(lengths):
+def test_varlen_rows_no_sequence_covers_may_hold_nan(lengths, head_dim):
     # A padded packed buffer: the rows past the last sequence hold any bits. Blocks reaching past
     # a sequence read them; nothing of them may reach the sequences' gradients (0 · NaN is NaN).
     # ([100, 200]: the last sequence's second key block and its upper half of keys reach the NaN.)
     cu, total = cu_seqlens(lengths), sum(lengths)
-    q, k, v, dout = (randn(total + 60, 2, 128, dtype=torch.bfloat16) for _ in range(4))
+    q, k, v, dout = (randn(total + 60, 2, head_dim, dtype=torch.bfloat16) for _ in range(4))
     for t in (q, k, v, dout):
         t[total:] = float("nan")
     call = lambda q, k, v: flashext.flash_attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)

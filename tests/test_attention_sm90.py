@@ -1,9 +1,10 @@
 """The Hopper forward (csrc/kernels/attention/flash_fwd_sm90.cu) through its private op
 flashext::_flash_attn_fwd_sm90, and the Hopper backward's version 0 (flash_bwd_sm90.cu) through
-flashext::_flash_attn_bwd_sm90 (D = 128, dense, full or causal), against the reference by DESIGN.md's rule: D = 64, 128 and 256,
-dense, fp16 / bf16, every mask and option (flash_attention and flash_attention_varlen dispatch to
-it at D = 128 and 256 and at long D = 64, where the whole attention suite runs on it too; the C++
-test covers varlen at every D).
+flashext::_flash_attn_bwd_sm90 (D = 64 and 128, dense, full or causal), against the reference by
+DESIGN.md's rule: D = 64, 128 and 256, dense, fp16 / bf16, every mask and option (flash_attention
+and flash_attention_varlen dispatch to the forward at D = 128 and 256 and at long D = 64, and to
+the backward at D = 64 and 128, where the whole attention suite runs on them too; the C++ test
+covers varlen at every D).
 The GPU tests run on an sm_90 GPU with a build holding sm_90a code and skip elsewhere with the
 reason; the shape and argument checks run on meta tensors everywhere."""
 
@@ -126,25 +127,26 @@ def check_backward(q, k, v, causal=False):
 
 
 @requires_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])  # 128- and 64-query steps
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(1, 300), (64, 128), (113, 203), (300, 257), (127, 1), (1024, 1024)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_backward_against_the_reference(dtype, causal, seqlen_q, seqlen_k):
+def test_backward_against_the_reference(dtype, causal, seqlen_q, seqlen_k, head_dim):
     # With one key the exact dk is 0, and so is PyTorch's (P = 1 cancels exactly); the D = rowsum(dO ∘ O)
-    # form leaves the fp32 rounding of two 128-term dot products per query row, summed into dk over
+    # form leaves the fp32 rounding of two head-dim-term dot products per query row, summed into dk over
     # every row of the group (measured: 1.0-1.5e-5 at 255 rows, group 1 and 4, over the 1e-5
     # floor). So the one-key shape runs with fewer rows (a partial last block still) and without
     # grouping, as in test_attention_backward.py; every other shape checks the grouping.
     layouts = ((1, 4), (2, 4)) if seqlen_k == 1 else ((1, 4), (2, 2), (2, 1))
     for batch, heads_kv in layouts:
-        check_backward(*make_qkv(batch, seqlen_q, seqlen_k, 4, heads_kv, 128, dtype), causal=causal)
+        check_backward(*make_qkv(batch, seqlen_q, seqlen_k, 4, heads_kv, head_dim, dtype), causal=causal)
 
 
 @requires_hopper
 def test_backward_refusals_name_the_function():
-    q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.float16)
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 256, torch.float16)
     out, lse = flashext.flash_attention(q, k, v, return_lse=True)
-    with pytest.raises(RuntimeError, match=r"flashext._flash_attn_bwd_sm90: head dim must be 128, got 64"):
+    with pytest.raises(RuntimeError, match=r"flashext._flash_attn_bwd_sm90: head dim must be 64 or 128, got 256"):
         attention._flash_attention_backward_sm90(torch.randn_like(q), q, k, v, out, lse)
 
 

@@ -26,7 +26,7 @@ TORCH_LIBRARY(flashext, m) {
   m.def(
       "_flash_attn_fwd_sm90(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
       "int window_left=-1, int window_right=-1, float softcap=0.0) -> (Tensor, Tensor)");
-  // the Hopper backward by itself, for its tests (D = 128, dense, full or causal)
+  // the Hopper backward by itself, for its tests (D = 64 or 128, dense, full or causal)
   m.def(
       "_flash_attn_bwd_sm90(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal=False, "
       "float? softmax_scale=None) -> (Tensor, Tensor, Tensor)");

@@ -244,40 +244,43 @@ TYPED_TEST(FlashBwdKernel, AgainstCpuReference) {
   run_case<TypeParam>(varlen);
 }
 
-// The Hopper backward (D = 128, dense or varlen, any window, soft-cap): only on an sm_90 GPU with a
-// build holding sm_90a code.
+// The Hopper backward (D = 128 on 64-query steps, D = 64 on 128-query steps; dense or packed varlen,
+// any window, soft-cap): only on an sm_90 GPU with a build holding sm_90a code.
 TYPED_TEST(FlashBwdKernel, Sm90AgainstCpuReference) {
   FX_SKIP_WITHOUT_GPU();
   FX_SKIP_WITHOUT_SM90();
-  const auto hopper = [](Case c) {
-    c.sm90 = true;
-    return c;
-  };
-  run_case<TypeParam>(hopper({1, 64, 128, 2, 2, 128}));                   // one query block, one key block
-  run_case<TypeParam>(hopper({2, 300, 257, 4, 2, 128}));                  // tails, GQA, several blocks
-  run_case<TypeParam>(hopper({1, 257, 513, 4, 1, 128, /*causal=*/true}));  // MQA, causal Sq != Sk
-  run_case<TypeParam>(hopper({1, 150, 70, 2, 1, 128, /*causal=*/true}));   // causal Sq > Sk: rows that see no key
-  run_case<TypeParam>(hopper({1, 1, 300, 4, 2, 128}));                    // one query row
-  run_case<TypeParam>(hopper({1, 200, 600, 2, 2, 128, false, 100, 50}));  // windows: key blocks some rows skip
-  run_case<TypeParam>(hopper({1, 200, 600, 2, 2, 128, false, -1, 50}));   // a right edge alone (the full / causal kernel)
-  run_case<TypeParam>(hopper({2, 130, 140, 2, 1, 128, true, 7, -1}));     // causal with a left window
-  run_case<TypeParam>(hopper({1, 130, 140, 2, 2, 128, true, -1, -1, /*softcap=*/5.0f}));
-  // Packed varlen: empty and one-row sequences, blocks that reach into the next sequence's rows
-  // (odd starts: statistics not 16-byte aligned), causal, full and windowed.
-  Case varlen{0, 0, 0, 4, 2, 128, /*causal=*/true};
-  varlen.varlen_q = {0, 1, 6, 130, 65, 3};  // (starts 0, 0, 1, 7, 137, 202: every shift, a whole block at 3)
-  varlen.varlen_k = {3, 0, 7, 200, 129, 1};
-  run_case<TypeParam>(hopper(varlen));
-  varlen.causal = false;
-  run_case<TypeParam>(hopper(varlen));
-  varlen.window_left = 40, varlen.window_right = 3;
-  run_case<TypeParam>(hopper(varlen));
-  // Key lengths of whole 64-key boxes followed by another sequence: the boxes that end exactly at a
-  // sequence's end leave by the TMA store, those reaching past it by the warpgroup's stores.
-  Case boxes{0, 0, 0, 2, 1, 128, /*causal=*/false};
-  boxes.varlen_q = {70, 64, 129, 5};
-  boxes.varlen_k = {64, 128, 192, 100};
-  run_case<TypeParam>(hopper(boxes));
+  for (const int d : {128, 64}) {
+    const auto hopper = [](Case c) {
+      c.sm90 = true;
+      return c;
+    };
+    const int block_m = d == 64 ? 128 : 64;  // the query rows of a step
+    run_case<TypeParam>(hopper({1, block_m, 128, 2, 2, d}));              // one query block, one key block
+    run_case<TypeParam>(hopper({2, 300, 257, 4, 2, d}));                  // tails, GQA, several blocks
+    run_case<TypeParam>(hopper({1, 257, 513, 4, 1, d, /*causal=*/true}));  // MQA, causal Sq != Sk
+    run_case<TypeParam>(hopper({1, 150, 70, 2, 1, d, /*causal=*/true}));   // causal Sq > Sk: rows that see no key
+    run_case<TypeParam>(hopper({1, 1, 300, 4, 2, d}));                    // one query row
+    run_case<TypeParam>(hopper({1, 200, 600, 2, 2, d, false, 100, 50}));  // windows: key blocks some rows skip
+    run_case<TypeParam>(hopper({1, 200, 600, 2, 2, d, false, -1, 50}));   // a right edge alone (the full / causal kernel)
+    run_case<TypeParam>(hopper({2, 130, 140, 2, 1, d, true, 7, -1}));     // causal with a left window
+    run_case<TypeParam>(hopper({1, 130, 140, 2, 2, d, true, -1, -1, /*softcap=*/5.0f}));
+    // Packed varlen: empty and one-row sequences, blocks that reach into the next sequence's rows
+    // (odd starts: statistics not 16-byte aligned), causal, full and windowed.
+    Case varlen{0, 0, 0, 4, 2, d, /*causal=*/true};
+    varlen.varlen_q = {0, 1, 6, 130, 65, 3};  // (starts 0, 0, 1, 7, 137, 202: every shift; 130 rows: a
+    varlen.varlen_k = {3, 0, 7, 200, 129, 1};  // whole block then a partial one at either step size)
+    run_case<TypeParam>(hopper(varlen));
+    varlen.causal = false;
+    run_case<TypeParam>(hopper(varlen));
+    varlen.window_left = 40, varlen.window_right = 3;
+    run_case<TypeParam>(hopper(varlen));
+    // Key lengths of whole 64-key boxes followed by another sequence: the boxes that end exactly at
+    // a sequence's end leave by the TMA store, those reaching past it by the warpgroup's stores.
+    Case boxes{0, 0, 0, 2, 1, d, /*causal=*/false};
+    boxes.varlen_q = {70, 64, 129, 5};
+    boxes.varlen_k = {64, 128, 192, 100};
+    run_case<TypeParam>(hopper(boxes));
+  }
 }
 
 // The tiles other GPUs get, on this one: A100's 163 KiB per block (D = 256 compact) and sm_86/89's

@@ -8,20 +8,26 @@
 // workspace, dq_accum zeroed), flash_bwd_sm90_kernel, and flash_bwd_sm90_convert_dq (dq_accum ·
 // scale into dq).
 //
-// Main kernel. A CTA per (key block of 128, KV head, batch entry or packed varlen sequence).
-// Warpgroup 0 produces: thread 0 issues the TMA loads (K and V once; Q, dO, and the block's
-// lse · log2 e and D by bulk copies, of each query block of 64 into two stages). Warpgroups 1 and 2
-// consume, consumer c owning keys 64 c + [0, 64) of the block. For every query head of the KV
-// head's group and every query block that sees the key block:
-//   Sᵀ = K_c Qᵀ, dPᵀ = V_c dOᵀ           wgmma m64n64 SS (all four tiles K-major, as TMA wrote them)
+// Main kernel, D = 64 or 128. A CTA per (key block of 128, KV head, batch entry or packed varlen
+// sequence). Warpgroup 0 produces: thread 0 issues the TMA loads (K and V once; Q, dO, and the
+// block's lse · log2 e and D by bulk copies, of each query block of M = kBlockM into two stages).
+// Warpgroups 1 and 2 consume, consumer c owning keys 64 c + [0, 64) of the block. For every query
+// head of the KV head's group and every query block that sees the key block:
+//   Sᵀ = K_c Qᵀ, dPᵀ = V_c dOᵀ           wgmma m64nM SS, k over D (all four tiles K-major, as TMA
+//                                         wrote them)
 //   Pᵀ = 2^(Sᵀ · scale · log2 e − lse₂),  dSᵀ = Pᵀ ∘ (dPᵀ − D)    in registers, masked at window
 //   edges (causal: window_right 0) and soft-capped where asked
-//   dV_c += Pᵀ dO, dK_c += dSᵀ Q          wgmma m64n128 RS (Pᵀ, dSᵀ from registers; dO, Q MN-major)
-//   dS → shared memory (queries × keys, K-major; both consumers' halves), then
-//   dQ[:, 64 c + [0, 64)] = dS K[:, 64 c + [0, 64)]   wgmma m64n64 SS (K MN-major)
-//   dQ (fp32, 64 × 128) through shared memory into dq_accum by one bulk reduce-add.
+//   dV_c += Pᵀ dO, dK_c += dSᵀ Q          wgmma m64nD RS, k over M (Pᵀ, dSᵀ from registers; dO, Q
+//                                         MN-major)
+//   dS → shared memory (queries × keys, K-major; both consumers' halves), then dQ = dS K over the
+//   block's 128 keys, wgmma m64n64 SS (K MN-major), split between the consumers:
+//     D = 128 (M = 64):  dQ[:, 64 c + [0, 64)] = dS K[:, 64 c + [0, 64)]   (head-dim halves)
+//     D = 64 (M = 128):  dQ[64 c + [0, 64), :] = dS[64 c + [0, 64), :] K   (query halves)
+//   dQ (fp32, M × D = 32 KiB at both) through shared memory into dq_accum by one bulk reduce-add
+//   after a barrier of both consumers (which also keeps one consumer's next dS stores behind the
+//   other's dQ reads: one dS buffer).
 // dK · scale and dV leave at the end by stmatrix into Q's and dO's stages and TMA stores.
-// dq_accum's tiles are the FA2-design backward's (one 64 × 128 tile per (query block, head)),
+// dq_accum's tiles are the FA2-design backward's (one M × D tile per (query block, head)),
 // row-major inside, each row's 16-byte chunks permuted (sm90_dq_col: conflict-free stores into
 // shared memory).
 // Varlen (packed sequences): the maps span the packed rows as one batch entry; CTAs past a
@@ -29,13 +35,23 @@
 // no sequence covers: any bits) are zeroed in shared memory once landed; a block's statistics are
 // copied as the 16-byte aligned superset of its rows (kStatsSlot); a consumer's dK / dV box that
 // would reach past the sequence leaves by its warpgroup's 16-byte stores instead of TMA.
+// Why 128-query steps at D = 64: a step's five GEMMs and its dQ tile are then D = 128's (each GEMM
+// 64 · 64 · 128 multiply-adds per consumer, 32 KiB of fp32 reduce-add per step), so the dQ bytes
+// per FLOP stay D = 128's; 64-query steps with a partial dQ per consumer would double them.
 //
-//   shared memory: K, V 2 · 32 + Q, dO 2 stages · 2 · 16 + dS 16 + dQ 32 + lse₂, D 1 = 177 KiB
-//   (178 with the barriers and the 1024-byte alignment slack)
-//   registers per consumer thread: dK 64, dV 64, Sᵀ 32, dPᵀ 32, dQ 32 (not all live at once)
-// Schedule: Sᵀ and dPᵀ are issued as two groups; Pᵀ's exponentials run under dPᵀ's GEMM, dV is
-// issued as soon as Pᵀ is, dSᵀ is computed under dV's GEMM, then dK; dS goes to shared memory and
-// dQ is issued while dV and dK run; one wait retires the three.
+//   shared memory (KiB), K, V + Q, dO (2 stages) + dS + dQ + lse₂, D:
+//                  D = 128: 2 · 32 + 2 · 2 · 16 + 16 + 32 + 1 = 177
+//                  D = 64:  2 · 16 + 2 · 2 · 16 + 32 + 32 + 2 = 162
+//   (one more KiB each for the barriers and the 1024-byte alignment slack)
+//   registers per consumer thread (not all live at once):
+//                  D = 128: dK 64, dV 64, Sᵀ 32, dPᵀ 32, Pᵀ and dSᵀ 16-bit 16 + 16, dQ 32
+//                  D = 64:  dK 32, dV 32, Sᵀ 64, dPᵀ 64, Pᵀ and dSᵀ 16-bit 32 + 32, dQ 32
+// Schedule: Sᵀ and dPᵀ are issued as two groups. D = 128: Pᵀ's exponentials run under dPᵀ's GEMM,
+// dV is issued as soon as Pᵀ is, dSᵀ is computed under dV's GEMM. D = 64: both are waited for, then
+// Pᵀ and dSᵀ are computed 16 queries at a time, each k16 step of dV issued as soon as its Pᵀ is in,
+// so that Sᵀ's and dPᵀ's registers free as Pᵀ's and dSᵀ's fill (Pᵀ beside Sᵀ, dPᵀ in flight, dK
+// and dV would take 224 of the 240). Then dK; dS goes to shared memory and dQ is issued while dV
+// and dK run; one wait retires the three.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -55,10 +71,22 @@ namespace flashext {
 namespace attention_detail {
 namespace {
 
+template <int kHeadDim_>
 struct Sm90BwdConfig {
-  static constexpr int kHeadDim = 128;
-  static constexpr int kBlockN = 128;  // keys per CTA: 64 per consumer warpgroup
-  static constexpr int kBlockM = 64;   // queries per step (dq_accum's tile rows)
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = 128;                        // keys per CTA: 64 per consumer warpgroup
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;  // queries per step (dq_accum's tile rows)
+  // dQ = dS K, split between the consumers by head dims (D = 128) or by query rows (D = 64): consumer
+  // c's 64 × 64 part starts at row kDqRow0 · c, column kDqCol0 · c.
+  static constexpr bool kDqByQueries = kHeadDim == 64;
+  static constexpr int kDqRow0 = kDqByQueries ? 64 : 0, kDqCol0 = kDqByQueries ? 0 : 64;
+  // Whether Pᵀ's exponentials run under dPᵀ's GEMM and dSᵀ under dV's (the schedule in the header);
+  // at D = 64 Sᵀ and dPᵀ alone take 128 registers.
+  static constexpr bool kExpUnderDp = kHeadDim == 128;
+  // Query rows as offsets from the thread's first one (constants): D = 64's 128 rows won't fit in registers.
+  static constexpr bool kQueryOffsets = kHeadDim == 64;
+  // Statistics as single floats, not 8-byte loads: an aligned register pair costs D = 64's peak a spill.
+  static constexpr bool kScalarStats = kHeadDim == 64;
   static constexpr int kStages = 2;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
@@ -78,6 +106,8 @@ struct Sm90BwdConfig {
   static constexpr int kOffBars = kOffStats + kStages * kStatsFloats * 4;
   static constexpr int kSmemBytes = kOffBars + 64 + 1024;  // the barriers, and the alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "tiles must fit shared memory");
+  static_assert((kHeadDim == 64 || kHeadDim == 128) && kBlockM * kHeadDim == 64 * 128,
+                "a step's dQ tile is 64 × 128 or 128 × 64 fp32: each consumer's dQ one m64n64 tile");
 };
 
 constexpr int kThreads = 3 * 128;
@@ -93,23 +123,31 @@ struct Sm90BwdMaps {
   CUtensorMap q, k, v, dout, dk, dv;  // (dk and dv: stores of 64-row boxes)
 };
 
-// dq_accum's 64 × 128 tile of (batch entry, query block, head; q_start: a varlen sequence's first
-// row): the FA2-design backward's tile order (bwd_dq_first_tile_row), row-major inside with each
-// row's 16-byte chunks permuted (sm90_dq_col). The main kernel adds into it, the convert reads it.
+// dq_accum's kBlockM × kHeadDim tile of (batch entry, query block, head; q_start: a varlen
+// sequence's first row): the FA2-design backward's tile order (bwd_dq_first_tile_row), row-major
+// inside with each row's 16-byte chunks permuted (sm90_dq_col). The main kernel adds into it, the
+// convert reads it. bwd_accum_bytes sizes dq_accum for the FA2-design configs' query blocks, which
+// hold this config's (the assert), so every tile row it indexes is allocated (dense: B · ⌈Sq / M⌉;
+// varlen: sequence b's last tile row ⌊q_start / M⌋ + b + ⌈len / M⌉ − 1 < ⌊total_q / M⌋ + B + 1).
+template <typename C>
 FX_DEVICE float* sm90_dq_tile(const FlashBwdParams& p, const BwdWorkspace& w, int batch, int64_t q_start, int m_block,
                              int head) {
-  constexpr int kBlockM = Sm90BwdConfig::kBlockM;
-  const int64_t tile_row = bwd_dq_first_tile_row<kBlockM>(p, batch, q_start) + m_block;
-  return w.dq_accum + (tile_row * p.heads + head) * (kBlockM * Sm90BwdConfig::kHeadDim);
+  static_assert(C::kBlockM == FlashBwdConfig<C::kHeadDim>::kBlockM ||
+                    C::kBlockM == FlashBwdConfig<C::kHeadDim, true>::kBlockM,
+                "dq_accum is sized (bwd_accum_bytes) for the FA2-design configs' tile rows");
+  const int64_t tile_row = bwd_dq_first_tile_row<C::kBlockM>(p, batch, q_start) + m_block;
+  return w.dq_accum + (tile_row * p.heads + head) * (C::kBlockM * C::kHeadDim);
 }
 
 // Where column `col` of row `row` sits in a dq_accum tile (and in its shared-memory copy, which the
 // bulk reduce-add copies byte for byte): 16-byte chunk col / 4 XOR a per-row key, 2 (row % 4) +
-// (row / 4) % 2. A consumer's float2 store covers 8 rows (lane / 4) × 8 columns (a pair of chunks);
-// unswizzled, every row falls on the same 8 banks (an 8-way conflict, 8 wavefronts per store).
-// With the key the four rows of each half-warp take four different chunk pairs (keys 0, 2, 4, 6
-// and 1, 3, 5, 7), so a store takes 2 wavefronts, the least for 256 bytes, whether the warp or each
-// half-warp is served at once. The convert's reads stay within each row's 128-byte groups.
+// (row / 4) % 2 (the key < 8 permutes the chunks within each 128-byte group of the row). A
+// consumer's float2 store covers 8 rows (lane / 4, the first a multiple of 8) × 8 columns (a pair
+// of chunks); rows are 256 (D = 64) or 512 bytes (D = 128) apart, so unswizzled every row falls on
+// the same 8 banks (an 8-way conflict, 8 wavefronts per store). With the key the four rows of each
+// half-warp take four different chunk pairs (keys 0, 2, 4, 6 and 1, 3, 5, 7), so a store takes 2
+// wavefronts, the least for 256 bytes, whether the warp or each half-warp is served at once. The
+// convert's reads stay within each row's 128-byte groups.
 FX_DEVICE int sm90_dq_col(int row, int col) {
   const int key = ((row & 3) << 1) | ((row >> 2) & 1);
   return (((col >> 2) ^ key) << 2) | (col & 3);
@@ -122,10 +160,11 @@ struct BwdStatsSpan {
   int64_t at;
   int shift, floats;
 };
+template <int kBlockM>
 FX_DEVICE BwdStatsSpan bwd_stats_span(const BwdWorkspace& w, int batch, int head, int64_t q_start, int m_start,
                                       int seqlen_q) {
   const int64_t at = int64_t(batch) * w.stats_batch_stride + int64_t(head) * w.stats_head_stride + q_start + m_start;
-  const int shift = int(at % 4), rows = min(Sm90BwdConfig::kBlockM, seqlen_q - m_start);
+  const int shift = int(at % 4), rows = min(kBlockM, seqlen_q - m_start);
   return {at, shift, (shift + rows + 3) / 4 * 4};
 }
 
@@ -137,14 +176,36 @@ struct BwdSchedule {
   FX_DEVICE int m_block(int it) const { return m_first + it % blocks; }
 };
 
+// One k16 step of wgmma m64nN, N = 2 · d's size: n128 for Sᵀ and dPᵀ at D = 64 (128 queries) and
+// for dK and dV at D = 128 (128 head dims), n64 for the others. A from shared memory (ss) or from
+// registers (rs: the m16n8k16 A fragment of the warp's 16 rows).
+template <typename T, int kTransB, int kAccumulators>
+FX_DEVICE void wgmma_ss(float (&d)[kAccumulators], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  static_assert(kAccumulators == 32 || kAccumulators == 64, "n64 or n128");
+  if constexpr (kAccumulators == 64) {
+    flashext::sm90::wgmma_m64n128k16_ss<T, kTransB>(d, desc_a, desc_b, scale_d);
+  } else {
+    flashext::sm90::wgmma_m64n64k16_ss<T, kTransB>(d, desc_a, desc_b, scale_d);
+  }
+}
+template <typename T, int kTransB, int kAccumulators>
+FX_DEVICE void wgmma_rs(float (&d)[kAccumulators], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  static_assert(kAccumulators == 32 || kAccumulators == 64, "n64 or n128");
+  if constexpr (kAccumulators == 64) {
+    flashext::sm90::wgmma_m64n128k16_rs<T, kTransB>(d, a, desc_b, scale_d);
+  } else {
+    flashext::sm90::wgmma_m64n64k16_rs<T, kTransB>(d, a, desc_b, scale_d);
+  }
+}
+
 // kGeneral: a left window edge, a soft-cap or packed varlen sequences (a kernel of its own: the
 // masks and tanh cost the full and causal calls 4-10 % when built in, varlen's unaligned statistics
 // and per-sequence rows 2 %; right edges, causal among them, are run-time arguments of both).
-template <typename T, bool kGeneral>
+template <typename T, int kHeadDim, bool kGeneral>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(const FlashBwdParams p, const BwdWorkspace w, const __grid_constant__ Sm90BwdMaps maps) {
   namespace sm90 = flashext::sm90;
-  using C = Sm90BwdConfig;
+  using C = Sm90BwdConfig<kHeadDim>;
   constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN, kStages = C::kStages, kSlabs = C::kSlabs;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = sm90::smem_addr(smem_raw);
@@ -215,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int stage = it % kStages, head = sched.head(it), m_start = sched.m_block(it) * kBlockM;
         // The block's statistics rows that exist, in whole 16-byte chunks; the consumers ignore
         // rows past the sequence.
-        const BwdStatsSpan span = bwd_stats_span(w, batch, head, seq.q_start, m_start, seqlen_q);
+        const BwdStatsSpan span = bwd_stats_span<kBlockM>(w, batch, head, seq.q_start, m_start, seqlen_q);
         const uint32_t stats_bytes = 4 * uint32_t(span.floats);
         if (it >= kStages) sm90::mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
         sm90::mbarrier_arrive_expect_tx(&full[stage], 2 * C::kTileBytesQ + 2 * stats_bytes);
@@ -234,7 +295,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Consumers: warpgroup c = 0, 1 owns keys 64 c + [0, 64) of the block; this thread keys key0 and
-  // key0 + 8 (within the block) in Sᵀ, dPᵀ, dK and dV, and query rows 16 warp + lane / 4 (+ 8) in dQ.
+  // key0 + 8 (within the block) in Sᵀ, dPᵀ, dK and dV, and in dQ query rows dq_row0 + 16 warp +
+  // lane / 4 (+ 8) of head dims dq_col0 + [0, 64).
   sm90::setmaxnreg_inc<kConsumerRegisters>();
   // (the sequence's first rows are read again where needed: fewer 64-bit values live in the loop)
   int seqlen_q, seqlen_k, q_start_mod4;
@@ -246,6 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const BwdSchedule sched = schedule(seqlen_q, diag);
   const int c = warpgroup - 1, warp = (threadIdx.x / 32) % 4, quad = lane % 4;
   const int key0 = 64 * c + 16 * warp + lane / 4;
+  const int dq_row0 = C::kDqRow0 * c, dq_col0 = C::kDqCol0 * c;
   // Soft-cap: scores capped = softcap · tanh(raw · scale / softcap). s then holds the tanh and P =
   // 2^(tanh · softcap · log2 e − lse₂); dS picks up d capped / d raw = 1 − tanh² (the scale comes
   // with dK's and dQ's).
@@ -254,10 +317,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float score_scale = (softcap_on ? p.softcap : p.softmax_scale) * kLog2e;
   const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
 
-  // dK, dV in the m64n128 accumulator layout: element 4 i + 2 r + e holds key key0 + 8 r, dim 8 i + 2 quad + e
-  float acc_dk[64], acc_dv[64];
+  // dK, dV in the m64nD accumulator layout: element 4 i + 2 r + e holds key key0 + 8 r, dim 8 i + 2 quad + e
+  float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
 #pragma unroll
-  for (int e = 0; e < 64; ++e) acc_dk[e] = acc_dv[e] = 0.0f;
+  for (int e = 0; e < kHeadDim / 2; ++e) acc_dk[e] = acc_dv[e] = 0.0f;
 
   // Varlen: a block's rows past its sequence are the next sequence's (or rows no sequence covers:
   // any bits, NaN included), and they enter products whose zero factors do not cancel them
@@ -266,10 +329,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto zero_rows_past = [&](unsigned char* tile, int slab_bytes, int rows, int first) {
     sm90::zero_tile_rows(tile, kSlabs, slab_bytes, rows, first, threadIdx.x - 128, 256);
   };
-  // A pair of statistics: one 8-byte load in the dense kernel, two single floats in the general
-  // one, where a varlen block's statistics start `shift` floats into the stage's slot.
+  // A pair of statistics: one 8-byte load, or two single floats in the general kernel (where a
+  // varlen block's statistics start `shift` floats into the stage's slot) and where kScalarStats.
   const auto stat_pair = [&](const float* at) {
-    return kGeneral ? make_float2(at[0], at[1]) : *reinterpret_cast<const float2*>(at);
+    return kGeneral || C::kScalarStats ? make_float2(at[0], at[1]) : *reinterpret_cast<const float2*>(at);
   };
   sm90::mbarrier_wait(kv_full, 0);
   if (varlen && n_start + kBlockN > seqlen_k) {
@@ -281,10 +344,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Sᵀ's and dPᵀ's A: this warpgroup's 64 rows of K and V (64 · 128 bytes into every slab).
   const uint64_t desc_k_rows = sm90::smem_descriptor(smem_k + 64 * 128 * c, 16, 1024);
   const uint64_t desc_v_rows = sm90::smem_descriptor(smem_v + 64 * 128 * c, 16, 1024);
-  // dQ's B: K's slab c (head dims 64 c + [0, 64)) read MN-major, a k16 step 16 keys (2048 bytes) in.
-  const uint64_t desc_k_cols = sm90::smem_descriptor(smem_k + c * C::kSlabBytesKV, C::kSlabBytesKV, 1024);
-  // dQ's A: dS (queries × keys) K-major, keys 64 h + [0, 64) in slab h.
-  const uint64_t desc_ds = sm90::smem_descriptor(smem_ds, 16, 1024);
+  // dQ's B: K's slab dq_col0 / 64 (head dims dq_col0 + [0, 64)) read MN-major, a k16 step 16 keys
+  // (2048 bytes) in.
+  const uint64_t desc_k_cols =
+      sm90::smem_descriptor(smem_k + (dq_col0 / 64) * C::kSlabBytesKV, C::kSlabBytesKV, 1024);
+  // dQ's A: dS (queries × keys) K-major, keys 64 h + [0, 64) in slab h; query rows dq_row0 + [0, 64).
+  const uint64_t desc_ds = sm90::smem_descriptor(smem_ds + dq_row0 * 128, 16, 1024);
 
   for (int it = 0; it < sched.iterations; ++it) {
     const int stage = it % kStages, head = sched.head(it), m_block = sched.m_block(it);
@@ -305,28 +370,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float* lse2 = stats + stage * C::kStatsFloats + shift;
     const float* dsum = lse2 + C::kStatsSlot;
 
-    // Sᵀ = K_c Qᵀ and dPᵀ = V_c dOᵀ: head-dim k16 step kk is slab kk / 4, 32 bytes × (kk % 4) in.
-    // Two commit groups, so Pᵀ's exponentials run while dPᵀ's GEMM does.
-    float s[32], dp[32];
+    // Sᵀ = K_c Qᵀ and dPᵀ = V_c dOᵀ (m64nM): head-dim k16 step kk is slab kk / 4, 32 bytes × (kk % 4)
+    // in. Two commit groups, so (D = 128) Pᵀ's exponentials run while dPᵀ's GEMM does.
+    float s[kBlockM / 2], dp[kBlockM / 2];
     const uint64_t desc_q = sm90::smem_descriptor(q_tile, 16, 1024);
     const uint64_t desc_do = sm90::smem_descriptor(do_tile, 16, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kHeadDim / 16; ++kk) {
       const uint64_t in_slab = uint64_t(2 * (kk % 4));
-      sm90::wgmma_m64n64k16_ss<T, 0>(s, desc_k_rows + uint64_t((kk / 4) * (C::kSlabBytesKV >> 4)) + in_slab,
-                                     desc_q + uint64_t((kk / 4) * (C::kSlabBytesQ >> 4)) + in_slab, kk > 0);
+      wgmma_ss<T, 0>(s, desc_k_rows + uint64_t((kk / 4) * (C::kSlabBytesKV >> 4)) + in_slab,
+                     desc_q + uint64_t((kk / 4) * (C::kSlabBytesQ >> 4)) + in_slab, kk > 0);
     }
     sm90::wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < C::kHeadDim / 16; ++kk) {
       const uint64_t in_slab = uint64_t(2 * (kk % 4));
-      sm90::wgmma_m64n64k16_ss<T, 0>(dp, desc_v_rows + uint64_t((kk / 4) * (C::kSlabBytesKV >> 4)) + in_slab,
-                                     desc_do + uint64_t((kk / 4) * (C::kSlabBytesQ >> 4)) + in_slab, kk > 0);
+      wgmma_ss<T, 0>(dp, desc_v_rows + uint64_t((kk / 4) * (C::kSlabBytesKV >> 4)) + in_slab,
+                     desc_do + uint64_t((kk / 4) * (C::kSlabBytesQ >> 4)) + in_slab, kk > 0);
     }
     sm90::wgmma_commit();
-    sm90::wgmma_wait<1>();  // Sᵀ is in (groups retire in order); dPᵀ still runs
-    sm90::fence_operands(s);
+
+    if constexpr (C::kExpUnderDp) {
+      sm90::wgmma_wait<1>();  // Sᵀ is in (groups retire in order); dPᵀ still runs (the schedules below)
+      sm90::fence_operands(s);
+    } else {
+      sm90::wgmma_wait<0>();  // Sᵀ and dPᵀ are in
+      sm90::fence_operands(s);
+      sm90::fence_operands(dp);
+    }
 
     // Pᵀ rounded to T (for dV), and in s, fp32, Pᵀ times the soft-cap's derivative where capped
     // (for dS). Element 4 i + 2 r + e: key key0 + 8 r, query m_start + 8 i + 2 quad + e. The mask
@@ -334,31 +406,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     // stats not copied, or the next sequence's: whatever the stage holds) get P = 0 and D = 0.
     if (softcap_on) {  // (a uniform branch around the loop)
 #pragma unroll
-      for (int e = 0; e < 32; ++e) s[e] = tanhf(s[e] * cap_scale);
+      for (int e = 0; e < kBlockM / 2; ++e) s[e] = tanhf(s[e] * cap_scale);
     }
     const bool masked = (p.window_right >= 0 && n_start + kBlockN - 1 > m_start + diag + p.window_right) ||
                         (window_left >= 0 && n_start < m_start + kBlockM - 1 + diag - window_left) ||
                         n_start + kBlockN > seqlen_k;
     const bool tail = m_start + kBlockM > seqlen_q;
+    // Query rows are compared as offsets from `origin` (C::kQueryOffsets: this thread's first query
+    // row, so that an element's offset 8 i + e is a constant; else 0).
+    const int origin = C::kQueryOffsets ? m_start + 2 * quad : 0;
+    const int m_rel = m_start - origin, seq_end = seqlen_q - origin;
     // Where masked, this thread's key rows r see queries [q_lo[r], q_hi[r]) (none past the keys)
     int q_lo[2] = {INT32_MIN, INT32_MIN}, q_hi[2] = {INT32_MAX, INT32_MAX};
     if (masked) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int key = n_start + key0 + 8 * r;
-        if (p.window_right >= 0) q_lo[r] = key - diag - p.window_right;
-        if (window_left >= 0) q_hi[r] = key - diag + window_left + 1;
+        if (p.window_right >= 0) q_lo[r] = key - diag - p.window_right - origin;
+        if (window_left >= 0) q_hi[r] = key - diag + window_left + 1 - origin;
         if (key >= seqlen_k) q_hi[r] = INT32_MIN;
       }
     }
-    uint32_t p16[8][2], ds16[8][2];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    uint32_t p16[kBlockM / 8][2], ds16[kBlockM / 8][2];
+    // Pᵀ of the n8 tile i (queries m_start + 8 i + [0, 8)): into p16[i] and s
+    const auto p_tile = [&](int i) {
       float2 l2 = stat_pair(lse2 + 8 * i + 2 * quad);
       if (tail) {
-        const int query = m_start + 8 * i + 2 * quad;
-        if (query >= seqlen_q) l2.x = INFINITY;
-        if (query + 1 >= seqlen_q) l2.y = INFINITY;
+        const int query = m_rel + 8 * i + 2 * quad;
+        if (query >= seq_end) l2.x = INFINITY;
+        if (query + 1 >= seq_end) l2.y = INFINITY;
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -368,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int idx = 4 * i + 2 * r + e;
           float pe = ptx::exp2_approx(fmaf(s[idx], score_scale, -(e == 0 ? l2.x : l2.y)));  // +inf lse₂ → 0
           if (masked) {
-            const int query = m_start + 8 * i + 2 * quad + e;
+            const int query = m_rel + 8 * i + 2 * quad + e;
             if (query < q_lo[r] || query >= q_hi[r]) pe = 0.0f;
           }
           pr[e] = pe;
@@ -376,43 +452,76 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         p16[i][r] = ptx::pack2<T>(pr[0], pr[1]);
       }
-    }
-
-    // dV_c += Pᵀ dO (issued while dPᵀ may still run), then dSᵀ = Pᵀ ∘ (dPᵀ − D) while dV runs, then
-    // dK_c += dSᵀ Q: query k16 step kk is n8 tiles 2 kk and 2 kk + 1 (the A fragment); dO and Q
-    // MN-major, head dims in two slabs (the leading offset), 16 rows per step.
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sm90::fence_operands(p16[i]);
-    sm90::fence_operands(acc_dv);
+    };
+    // dV_c += Pᵀ dO, and later dK_c += dSᵀ Q (m64nD): query k16 step kk is n8 tiles 2 kk and 2 kk + 1
+    // (the A fragment); dO and Q MN-major, head dims in D / 64 slabs (the leading offset), 16 rows
+    // per step.
     const uint64_t desc_do_cols = sm90::smem_descriptor(do_tile, C::kSlabBytesQ, 1024);
     const uint64_t desc_q_cols = sm90::smem_descriptor(q_tile, C::kSlabBytesQ, 1024);
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+    const auto dv_step = [&](int kk) {
       const uint32_t a[4] = {p16[2 * kk][0], p16[2 * kk][1], p16[2 * kk + 1][0], p16[2 * kk + 1][1]};
-      sm90::wgmma_m64n128k16_rs<T, 1>(acc_dv, a, desc_do_cols + uint64_t(128 * kk), 1);
-    }
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<1>();  // dPᵀ is in; dV still runs
-    sm90::fence_operands(dp);
+      wgmma_rs<T, 1>(acc_dv, a, desc_do_cols + uint64_t(128 * kk), 1);
+    };
+    if constexpr (C::kExpUnderDp) {
+      // D = 128: Pᵀ while dPᵀ's GEMM runs; dV issued as soon as Pᵀ is in (while dPᵀ may still run),
+      // then dSᵀ while dV's GEMM runs.
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      float2 dd = stat_pair(dsum + 8 * i + 2 * quad);
-      if (tail) {
-        const int query = m_start + 8 * i + 2 * quad;
-        if (query >= seqlen_q) dd.x = 0.0f;
-        if (query + 1 >= seqlen_q) dd.y = 0.0f;
-      }
+      for (int i = 0; i < kBlockM / 8; ++i) p_tile(i);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int idx = 4 * i + 2 * r;
-        ds16[i][r] = ptx::pack2<T>(s[idx] * (dp[idx] - dd.x), s[idx + 1] * (dp[idx + 1] - dd.y));
+      for (int i = 0; i < kBlockM / 8; ++i) sm90::fence_operands(p16[i]);
+      sm90::fence_operands(acc_dv);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) dv_step(kk);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<1>();  // dPᵀ is in; dV still runs
+      sm90::fence_operands(dp);
+#pragma unroll
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        float2 dd = stat_pair(dsum + 8 * i + 2 * quad);  // dSᵀ = Pᵀ ∘ (dPᵀ − D)
+        if (tail) {
+          const int query = m_rel + 8 * i + 2 * quad;
+          if (query >= seq_end) dd.x = 0.0f;
+          if (query + 1 >= seq_end) dd.y = 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int idx = 4 * i + 2 * r;
+          ds16[i][r] = ptx::pack2<T>(s[idx] * (dp[idx] - dd.x), s[idx + 1] * (dp[idx + 1] - dd.y));
+        }
       }
+    } else {
+      // D = 64: Sᵀ and dPᵀ both waited for, then Pᵀ and dSᵀ tile by tile, dV's k16 step kk issued as
+      // soon as its tiles 2 kk and 2 kk + 1 of Pᵀ are in, so that Sᵀ's and dPᵀ's registers free as
+      // Pᵀ's and dSᵀ's fill (issuing all of dV after the loop lets later tiles' exponentials run early).
+#pragma unroll
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        p_tile(i);
+        float2 dd = stat_pair(dsum + 8 * i + 2 * quad);  // dSᵀ = Pᵀ ∘ (dPᵀ − D)
+        if (tail) {
+          const int query = m_rel + 8 * i + 2 * quad;
+          if (query >= seq_end) dd.x = 0.0f;
+          if (query + 1 >= seq_end) dd.y = 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int idx = 4 * i + 2 * r;
+          ds16[i][r] = ptx::pack2<T>(s[idx] * (dp[idx] - dd.x), s[idx + 1] * (dp[idx + 1] - dd.y));
+        }
+        if (i % 2 == 1) {
+          sm90::fence_operands(p16[i - 1]);
+          sm90::fence_operands(p16[i]);
+          if (i == 1) sm90::fence_operands(acc_dv);
+          sm90::wgmma_fence();
+          dv_step(i / 2);
+        }
+      }
+      sm90::wgmma_commit();
     }
     // dS into shared memory: query j, key 64 c + kl at slab c, row j, 16-byte chunk kl / 8 ^ j % 8
     // (the 128-byte swizzle). dSᵀ's fragment (i, r) is an 8 × 8 matrix of keys 16 warp + 8 r +
     // [0, 8) × queries 8 i + [0, 8); stored transposed, its row jj (query 8 i + jj) is the 16-byte
-    // chunk 2 warp + r of that query's row: four stmatrix.trans per warp, fragments 2 t and 2 t + 1
+    // chunk 2 warp + r of that query's row: M / 16 stmatrix.trans per warp, fragments 2 t and 2 t + 1
     // (lane 8 m + jj addresses row jj of matrix m = 2 (i − 2 t) + r). They go before dK is
     // issued, which takes ds16 as its A registers: a wgmma's A registers may not be accessed at all
     // (read or written) until its group retires. Both consumers' halves must be in before either
@@ -422,19 +531,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int m = lane / 8, jj = lane % 8;
       unsigned char* row = smem_ds + c * C::kSlabBytesDs + (8 * (m / 2) + jj) * 128 + (((2 * warp + m % 2) ^ jj) << 4);
 #pragma unroll
-      for (int t = 0; t < 4; ++t) {
+      for (int t = 0; t < kBlockM / 16; ++t) {
         sm90::stmatrix_x4_trans(row + t * 16 * 128, ds16[2 * t][0], ds16[2 * t][1], ds16[2 * t + 1][0],
                                 ds16[2 * t + 1][1]);
       }
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) sm90::fence_operands(ds16[i]);
+    for (int i = 0; i < kBlockM / 8; ++i) sm90::fence_operands(ds16[i]);
     sm90::fence_operands(acc_dk);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
       const uint32_t a[4] = {ds16[2 * kk][0], ds16[2 * kk][1], ds16[2 * kk + 1][0], ds16[2 * kk + 1][1]};
-      sm90::wgmma_m64n128k16_rs<T, 1>(acc_dk, a, desc_q_cols + uint64_t(128 * kk), 1);
+      wgmma_rs<T, 1>(acc_dk, a, desc_q_cols + uint64_t(128 * kk), 1);
     }
     sm90::wgmma_commit();  // (dV and dK run while dS is ordered for the async proxy and dQ is issued)
 
@@ -442,8 +551,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 128) sm90::bulk_wait_group_read<0>();
     sm90::named_barrier_sync(kBarrierDs, 256);
 
-    // dQ[:, 64 c + [0, 64)] = dS K[:, 64 c + [0, 64)] over the block's 128 keys: key k16 step kk is
-    // dS's slab kk / 4, 32 bytes × (kk % 4) in, and K's rows 16 kk (2048 bytes × kk).
+    // dQ[dq_row0 + [0, 64), dq_col0 + [0, 64)] = dS[dq_row0 + [0, 64), :] K[:, dq_col0 + [0, 64)] over
+    // the block's 128 keys: key k16 step kk is dS's slab kk / 4, 32 bytes × (kk % 4) in, and K's rows
+    // 16 kk (2048 bytes × kk).
     float dq[32];
     sm90::wgmma_fence();
 #pragma unroll
@@ -457,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_operands(acc_dk);
     sm90::fence_operands(dq);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < kBlockM / 8; ++i) {
       sm90::fence_operands(p16[i]);
       sm90::fence_operands(ds16[i]);
     }
@@ -466,15 +576,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     // stats, by generic loads), so no thread may arrive for another.
     sm90::mbarrier_arrive(&empty[stage]);
 
-    // dQ (fp32) row-major (chunks permuted, sm90_dq_col) into shared memory (rows 16 warp + lane / 4
-    // + 8 r, dims 64 c + 8 i + 2 quad + e), then one bulk reduce-add of the 64 × 128 tile into
+    // dQ (fp32) row-major (chunks permuted, sm90_dq_col) into shared memory (rows dq_row0 + 16 warp +
+    // lane / 4 + 8 r, dims dq_col0 + 8 i + 2 quad + e), then one bulk reduce-add of the M × D tile into
     // dq_accum. (After the barrier both warpgroups are also done reading dS, so the next iteration
     // may rewrite it.)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = 16 * warp + lane / 4 + 8 * r, col = 64 * c + 8 * i + 2 * quad;
+        const int row = dq_row0 + 16 * warp + lane / 4 + 8 * r, col = dq_col0 + 8 * i + 2 * quad;
         *reinterpret_cast<float2*>(smem_dq + row * C::kHeadDim + sm90_dq_col(row, col)) =
             make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
       }
@@ -482,22 +592,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_proxy_async();
     sm90::named_barrier_sync(kBarrierDq, 256);
     if (threadIdx.x == 128) {
-      sm90::bulk_reduce_add_f32(sm90_dq_tile(p, w, batch, rows_of_sequence().q_start, m_block, head), smem_dq,
-                                C::kTileBytesDq);
+      sm90::bulk_reduce_add_f32(sm90_dq_tile<C>(p, w, batch, rows_of_sequence().q_start, m_block, head),
+                                smem_dq, C::kTileBytesDq);
       sm90::bulk_commit_group();
     }
   }
 
-  // dK · scale and dV out through shared memory by TMA: consumer c's 64 key rows of each as two
+  // dK · scale and dV out through shared memory by TMA: consumer c's 64 key rows of each as D / 64
   // 64-column slabs (128-byte swizzled, as the maps' boxes are), in Q's and dO's stages (c = 0 Q's,
   // 1 dO's), free once both consumers' last GEMMs have retired: the last step's dQ barrier comes
   // after each one's final wait. Rows past the keys are left out by the maps; varlen: a box that
   // would reach past its sequence (into the next one's rows) is copied out by the warpgroup instead.
   {
-    unsigned char* out = smem_q + c * C::kStages * C::kTileBytesQ;  // dK slabs 0, 1, then dV's
-    static_assert(2 * C::kStages * C::kTileBytesQ == 2 * 2 * C::kSlabs * (kBlockN / 2) * 128,
-                  "Q's and dO's stages hold both consumers' dK and dV");
+    unsigned char* out = smem_q + c * C::kStages * C::kTileBytesQ;  // dK's slabs, then dV's
     constexpr int kSlabBytesOut = (kBlockN / 2) * 128;
+    static_assert(2 * C::kSlabs * kSlabBytesOut <= C::kStages * C::kTileBytesQ,
+                  "Q's (dO's) stages hold consumer 0's (1's) dK and dV");
     // stmatrix x4 of fragments (i, r = 0), (i, r = 1), (i + 1, r = 0), (i + 1, r = 1): lane 8 m + jj
     // addresses row jj of matrix m, key row 16 warp + 8 (m % 2) + jj, 16-byte chunk i + m / 2.
     const int m = lane / 8, jj = lane % 8, row = 16 * warp + 8 * (m % 2) + jj;
@@ -547,13 +657,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // dq = dq_accum · softmax_scale: a block per (query block, head, batch entry), row-major tiles
 // (chunks permuted by sm90_dq_col).
-template <typename T>
+template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(128) flash_bwd_sm90_convert_dq(const FlashBwdParams p, const BwdWorkspace w) {
-  constexpr int kBlockM = Sm90BwdConfig::kBlockM, kHeadDim = Sm90BwdConfig::kHeadDim;
+  using C = Sm90BwdConfig<kHeadDim>;
+  constexpr int kBlockM = C::kBlockM;
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const SequenceRows seq = sequence_rows(p, batch);
   if (m_block * kBlockM >= seq.seqlen_q) return;
-  const float* tile = sm90_dq_tile(p, w, batch, seq.q_start, m_block, head);
+  const float* tile = sm90_dq_tile<C>(p, w, batch, seq.q_start, m_block, head);
   T* dq = static_cast<T*>(p.dq) +
           (p.cu_seqlens_q != nullptr ? seq.q_start * p.dq_row_stride : int64_t(batch) * p.dq_batch_stride) +
           int64_t(head) * p.dq_head_stride;
@@ -567,9 +678,9 @@ __global__ void __launch_bounds__(128) flash_bwd_sm90_convert_dq(const FlashBwdP
   }
 }
 
-template <typename T>
+template <typename T, int kHeadDim>
 cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
-  using C = Sm90BwdConfig;
+  using C = Sm90BwdConfig<kHeadDim>;
   const BwdWorkspace w = bwd_workspace<C::kHeadDim>(p, workspace);
   FX_RETURN_IF_ERROR(launch_bwd_preprocess<T>(p, w, stream));
   Sm90BwdMaps maps;
@@ -590,15 +701,15 @@ cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream
                                             p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, C::kBlockN / 2));
   FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dv, p.dv, C::kHeadDim, p.heads_kv, rows_k, map_batches,
                                             p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, C::kBlockN / 2));
-  auto kernel = p.window_left >= 0 || p.softcap > 0.0f || varlen ? flash_bwd_sm90_kernel<T, true>
-                                                                  : flash_bwd_sm90_kernel<T, false>;
+  auto kernel = p.window_left >= 0 || p.softcap > 0.0f || varlen ? flash_bwd_sm90_kernel<T, kHeadDim, true>
+                                                                  : flash_bwd_sm90_kernel<T, kHeadDim, false>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, C::kSmemBytes));
   const dim3 grid(unsigned((p.seqlen_k + C::kBlockN - 1) / C::kBlockN), unsigned(p.heads_kv), unsigned(p.batch));
   kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(p, w, maps);
   FX_RETURN_IF_ERROR(cudaGetLastError());
   if (p.seqlen_q > 0) {
     const dim3 convert_grid(unsigned((p.seqlen_q + C::kBlockM - 1) / C::kBlockM), unsigned(p.heads), unsigned(p.batch));
-    flash_bwd_sm90_convert_dq<T><<<convert_grid, 128, 0, stream>>>(p, w);
+    flash_bwd_sm90_convert_dq<T, kHeadDim><<<convert_grid, 128, 0, stream>>>(p, w);
   }
   return cudaGetLastError();
 }
@@ -615,7 +726,7 @@ bool flash_bwd_sm90_takes(const FlashBwdParams& p) {
   const bool rows = varlen ? p.cu_seqlens_k != nullptr && p.total_q > 0 && p.total_k > 0 && p.total_q <= INT32_MAX &&
                                  p.total_k <= INT32_MAX
                            : p.cu_seqlens_k == nullptr;
-  return p.head_dim == 128 && rows && p.block_mask == nullptr &&
+  return (p.head_dim == 64 || p.head_dim == 128) && rows && p.block_mask == nullptr &&
          p.softcap >= 0.0f && !p.deterministic && p.lse != nullptr && p.batch >= 0 && p.heads > 0 &&
          p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q > 0 && p.seqlen_k > 0 && aligned(p.q) &&
          aligned(p.k) && aligned(p.v) && aligned(p.dout) && aligned(p.dk) && aligned(p.dv) &&
@@ -634,8 +745,11 @@ cudaError_t run_flash_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStr
     return cudaErrorInvalidValue;
   }
   if (p.batch == 0) return cudaSuccess;
-  return with_16bit_type(p.dtype, cudaErrorInvalidValue,
-                         [&](auto type) { return launch_bwd_sm90<typename decltype(type)::type>(p, workspace, stream); });
+  return with_16bit_type(p.dtype, cudaErrorInvalidValue, [&](auto type) {
+    using T = typename decltype(type)::type;
+    return p.head_dim == 64 ? launch_bwd_sm90<T, 64>(p, workspace, stream)
+                            : launch_bwd_sm90<T, 128>(p, workspace, stream);
+  });
 }
 
 }  // namespace flashext
