@@ -14,7 +14,9 @@ fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2
 train   forward + backward and the backward alone, TFLOP/s (forward 4·B·H·S²·D, backward 2.5× that,
         halved when causal), same grid as fwd: flashext, its Triton twin, SDPA's flash and cuDNN
         backends and SDPA with no backend chosen (what a training script gets), and on sm_90 at
-        D = 64 and 128 flashext_sm90 (flash_attention's forward with the Hopper backward alone).
+        D = 64 and 128 flashext_sm90 (flash_attention's forward with the Hopper backward alone);
+        when named in FLASHEXT_BENCH_IMPLS, flashext_deterministic (deterministic=True as
+        dispatched) and flashext_fa2_deterministic (on the FA2-design kernels).
         Gradients are checked first against flashext.reference.attention_backward on one (batch,
         head) slice.
 memory  peak extra memory of one forward, and of forward + backward, at B = H = 1, D = 128, fp16:
@@ -172,8 +174,19 @@ def train_implementations():
         "sdpa_cudnn": (sdpa_backend(SDPBackend.CUDNN_ATTENTION), "bhsd"),
         "sdpa_default": (sdpa_default, "bhsd"),
     }
+    # deterministic=True (dQ added in key block order): as dispatched, and on the FA2-design kernels
+    impls["flashext_deterministic"] = (
+        lambda q, k, v, causal: flashext.flash_attention(q, k, v, causal=causal, deterministic=True), "bshd")
     if attention._hopper_forward_available():  # the Hopper backward alone (D = 64 and 128; refused elsewhere)
         impls["flashext_sm90"] = (HopperBackward.apply, "bshd")
+
+        def run_fa2_deterministic(q, k, v, causal):
+            previous = flashext.use_hopper_kernels(False)
+            try:
+                return flashext.flash_attention(q, k, v, causal=causal, deterministic=True)
+            finally:
+                flashext.use_hopper_kernels(previous)
+        impls["flashext_fa2_deterministic"] = (run_fa2_deterministic, "bshd")
     return impls
 
 
@@ -204,7 +217,8 @@ def section_train(rows, quick: bool):
     seqlens = [int(x) for x in env("FLASHEXT_BENCH_SEQLENS", seqlens)]
     head_dims = [int(x) for x in env("FLASHEXT_BENCH_HEAD_DIMS", head_dims)]
     impls = train_implementations()
-    impls = {name: impl for name, impl in impls.items() if name in env("FLASHEXT_BENCH_IMPLS", list(impls) + ["triton_twin"])}
+    default = [name for name in impls if "deterministic" not in name] + ["triton_twin"]  # (those: when named)
+    impls = {name: impl for name, impl in impls.items() if name in env("FLASHEXT_BENCH_IMPLS", default)}
     with_twin = "triton_twin" in env("FLASHEXT_BENCH_IMPLS", list(impls) + ["triton_twin"])
     for dname, dtype in DTYPES.items():
         if dname not in env("FLASHEXT_BENCH_DTYPES", list(DTYPES)):

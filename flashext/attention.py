@@ -29,7 +29,7 @@ def _deterministic(deterministic: bool) -> bool:
 def use_hopper_kernels(enabled: bool = True) -> bool:
     """Allow (the default) or forbid the Hopper (sm_90a) attention kernels where they apply (on an
     H100/H200 with a build holding sm_90a code: today the forward at head dim 128 and 256, and at 64
-    from 512 keys; the backward at head dim 64 and 128, dense or varlen, when not deterministic).
+    from 512 keys; the backward at head dim 64 and 128, dense or varlen).
     Forbidden, every call runs the portable FA2-design kernels, as on other GPUs: to compare the
     two, or as a fallback. Process-wide and read as each call runs (under torch.compile too; a
     captured CUDA graph keeps the kernels of its capture). Returns the previous setting. The

@@ -188,6 +188,26 @@ def test_deterministic_is_bitwise_reproducible(head_dim):
         torch.use_deterministic_algorithms(False)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_deterministic_varlen_is_bitwise_reproducible(head_dim):
+    lengths_q, lengths_k = [7, 700, 300], [9, 900, 250]
+    cu_q, cu_k = cu_seqlens(lengths_q), cu_seqlens(lengths_k)
+    q = randn(sum(lengths_q), 4, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(sum(lengths_k), 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    dout = randn(*q.shape, dtype=q.dtype)
+    for kwargs in ({"causal": True}, {"window_size": (300, 20)}):
+        fn = lambda q, k, v: flashext.flash_attention_varlen(  # noqa: E731
+            q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), deterministic=True, **kwargs)
+        first = grads(fn, q, k, v, dout)
+        for _ in range(9):
+            for a, b in zip(first, grads(fn, q, k, v, dout)):
+                assert torch.equal(a, b), kwargs
+        want = ref.attention_varlen_backward(dout, q, k, v, cu_q, cu_k, **kwargs)
+        base = ref.attention_varlen_backward(dout, q, k, v, cu_q, cu_k, compute_dtype=q.dtype, **kwargs)
+        for name, g, w, b in zip(("dq", "dk", "dv"), first, want, base):
+            assert_close(f"deterministic varlen {name} {head_dim} {kwargs}", g, w, b, factor=GRADIENT_FACTOR)
+
+
 def test_default_mode_spread_is_reported_and_small():
     # The default adds dq by atomics: its bits may vary; dk and dv never do. Reports the spread.
     q, k, v = make_qkv(1, 2048, 2048, 8, 8, 128, torch.bfloat16)

@@ -25,7 +25,8 @@
 //     D = 64 (M = 128):  dQ[64 c + [0, 64), :] = dS[64 c + [0, 64), :] K   (query halves)
 //   dQ (fp32, M × D = 32 KiB at both) through shared memory into dq_accum by one bulk reduce-add
 //   after a barrier of both consumers (which also keeps one consumer's next dS stores behind the
-//   other's dQ reads: one dS buffer).
+//   other's dQ reads: one dS buffer). Deterministic: the adds into a query block's tile go in key
+//   block order, each after the count of the ones before it (the FA2-design backward's counters).
 // dK · scale and dV leave at the end by stmatrix into Q's and dO's stages and TMA stores.
 // dq_accum's tiles are the FA2-design backward's (one M × D tile per (query block, head)),
 // row-major inside, each row's 16-byte chunks permuted (sm90_dq_col: conflict-free stores into
@@ -117,7 +118,9 @@ constexpr int kEntryRegisters = 168, kProducerRegisters = 24, kConsumerRegisters
 static_assert(kThreads * kEntryRegisters <= 65536 &&
                   128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kEntryRegisters,
               "setmaxnreg must balance within the block's registers");
-constexpr int kBarrierDs = 1, kBarrierDq = 2;  // named barriers of the two consumer warpgroups
+// Named barriers: of the two consumer warpgroups, and (kBarrierDq in the deterministic mode,
+// kBarrierDqFree) of those and the producer's warp 1.
+constexpr int kBarrierDs = 1, kBarrierDq = 2, kBarrierDqFree = 3;
 
 struct Sm90BwdMaps {
   CUtensorMap q, k, v, dout, dk, dv;  // (dk and dv: stores of 64-row boxes)
@@ -198,9 +201,10 @@ FX_DEVICE void wgmma_rs(float (&d)[kAccumulators], const uint32_t (&a)[4], uint6
   }
 }
 
-// kGeneral: a left window edge, a soft-cap or packed varlen sequences (a kernel of its own: the
-// masks and tanh cost the full and causal calls 4-10 % when built in, varlen's unaligned statistics
-// and per-sequence rows 2 %; right edges, causal among them, are run-time arguments of both).
+// kGeneral: a left window edge, a soft-cap, packed varlen sequences or the deterministic dQ (a
+// kernel of its own: the masks and tanh cost the full and causal calls 4-10 % when built in,
+// varlen's unaligned statistics and per-sequence rows 2 %; right edges, causal among them, are
+// run-time arguments of both).
 template <typename T, int kHeadDim, bool kGeneral>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(const FlashBwdParams p, const BwdWorkspace w, const __grid_constant__ Sm90BwdMaps maps) {
@@ -290,6 +294,39 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::bulk_load(st, w.lse2 + (span.at - span.shift), stats_bytes, &full[stage]);
         sm90::bulk_load(st + C::kStatsSlot, w.dsum + (span.at - span.shift), stats_bytes, &full[stage]);
       }
+    } else if (warp == 1 && kGeneral && p.deterministic) {
+      // The deterministic dQ: each step's tile is added after the key blocks before this one that
+      // see its query block (every block of a (batch entry, KV head) walks the same query blocks in
+      // the same order; blocks start in grid order, so the ones waited for are running or done),
+      // and counted once complete.
+      const int diag = p.align_top_left ? 0 : seq.seqlen_k - seqlen_q;
+      for (int it = 0; it < sched.iterations; ++it) {
+        const int head = sched.head(it), m_block = sched.m_block(it), m_start = m_block * kBlockM;
+        sm90::named_barrier_sync(kBarrierDq, 256 + 32);
+        if (lane == 0) {
+          // (int: the counters are a 64th of a query row's elements per head)
+          int* counter = w.dq_counters +
+                         (batch * p.heads + head) * ((p.seqlen_q + kBwdCounterRows - 1) / kBwdCounterRows) +
+                         m_start / kBwdCounterRows;
+          int first = 0;  // the first key block with a key that a row of this query block sees
+          if (p.window_left >= 0) {
+            const int x = m_start + diag - p.window_left - (kBlockN - 1);
+            first = x <= 0 ? 0 : (x + kBlockN - 1) / kBlockN;
+          }
+          while (ptx::ld_acquire(counter) != int(blockIdx.x) - first) {
+          }
+          sm90::fence_proxy_async_global();
+          sm90::bulk_reduce_add_f32(sm90_dq_tile<C>(p, w, batch, seq.q_start, m_block, head), smem_dq,
+                                    C::kTileBytesDq);
+          sm90::bulk_commit_group();
+          sm90::bulk_wait_group<0>();
+          sm90::fence_proxy_async_global();
+          __threadfence();
+          atomicAdd(counter, 1);
+        }
+        __syncwarp();
+        if (it + 1 < sched.iterations) sm90::named_barrier_arrive(kBarrierDqFree, 256 + 32);
+      }
     }
     return;
   }
@@ -314,6 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // with dK's and dQ's).
   const bool softcap_on = kGeneral && p.softcap > 0.0f;
   const int window_left = kGeneral ? p.window_left : -1;
+  const bool ordered = kGeneral && p.deterministic;
   const float score_scale = (softcap_on ? p.softcap : p.softmax_scale) * kLog2e;
   const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
 
@@ -579,7 +617,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // dQ (fp32) row-major (chunks permuted, sm90_dq_col) into shared memory (rows dq_row0 + 16 warp +
     // lane / 4 + 8 r, dims dq_col0 + 8 i + 2 quad + e), then one bulk reduce-add of the M × D tile into
     // dq_accum. (After the barrier both warpgroups are also done reading dS, so the next iteration
-    // may rewrite it.)
+    // may rewrite it.) Deterministic: the producer's warp 1 adds it, in turn, and frees the buffer.
+    if (ordered && it > 0) sm90::named_barrier_sync(kBarrierDqFree, 256 + 32);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
@@ -590,8 +629,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     sm90::fence_proxy_async();
-    sm90::named_barrier_sync(kBarrierDq, 256);
-    if (threadIdx.x == 128) {
+    sm90::named_barrier_sync(kBarrierDq, ordered ? 256 + 32 : 256);
+    if (!ordered && threadIdx.x == 128) {
       sm90::bulk_reduce_add_f32(sm90_dq_tile<C>(p, w, batch, rows_of_sequence().q_start, m_block, head),
                                 smem_dq, C::kTileBytesDq);
       sm90::bulk_commit_group();
@@ -682,6 +721,9 @@ template <typename T, int kHeadDim>
 cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
   using C = Sm90BwdConfig<kHeadDim>;
   const BwdWorkspace w = bwd_workspace<C::kHeadDim>(p, workspace);
+  if (p.deterministic) {
+    FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count(p)) * 4, stream));
+  }
   FX_RETURN_IF_ERROR(launch_bwd_preprocess<T>(p, w, stream));
   Sm90BwdMaps maps;
   // Varlen: the maps span the packed rows as one batch entry (a sequence's blocks start at its
@@ -701,8 +743,8 @@ cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream
                                             p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, C::kBlockN / 2));
   FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dv, p.dv, C::kHeadDim, p.heads_kv, rows_k, map_batches,
                                             p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, C::kBlockN / 2));
-  auto kernel = p.window_left >= 0 || p.softcap > 0.0f || varlen ? flash_bwd_sm90_kernel<T, kHeadDim, true>
-                                                                  : flash_bwd_sm90_kernel<T, kHeadDim, false>;
+  const bool general = p.window_left >= 0 || p.softcap > 0.0f || varlen || p.deterministic;
+  auto kernel = general ? flash_bwd_sm90_kernel<T, kHeadDim, true> : flash_bwd_sm90_kernel<T, kHeadDim, false>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, C::kSmemBytes));
   const dim3 grid(unsigned((p.seqlen_k + C::kBlockN - 1) / C::kBlockN), unsigned(p.heads_kv), unsigned(p.batch));
   kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(p, w, maps);
@@ -727,7 +769,7 @@ bool flash_bwd_sm90_takes(const FlashBwdParams& p) {
                                  p.total_k <= INT32_MAX
                            : p.cu_seqlens_k == nullptr;
   return (p.head_dim == 64 || p.head_dim == 128) && rows && p.block_mask == nullptr &&
-         p.softcap >= 0.0f && !p.deterministic && p.lse != nullptr && p.batch >= 0 && p.heads > 0 &&
+         p.softcap >= 0.0f && p.lse != nullptr && p.batch >= 0 && p.heads > 0 &&
          p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q > 0 && p.seqlen_k > 0 && aligned(p.q) &&
          aligned(p.k) && aligned(p.v) && aligned(p.dout) && aligned(p.dk) && aligned(p.dv) &&
          strides(p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&

@@ -148,6 +148,17 @@ FX_DEVICE void fence_proxy_async() {
 #endif
 }
 
+// Orders this thread's generic-proxy global-memory accesses against its async-proxy (bulk copy)
+// accesses of global memory, either way (the Hopper backward's deterministic dQ: a counter read
+// before a bulk reduce-add, a bulk reduce-add's completion before the counter's increment).
+FX_DEVICE void fence_proxy_async_global() {
+#if FX_SM90_ENABLED
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
 // Zeroes rows [first, rows) of a landed tile of `slabs` 64-column slabs (128-byte rows, slab_bytes
 // apart; the 128-byte swizzle moves 16-byte chunks only within a row), thread `thread` of `threads`
 // taking every threads-th chunk. The caller orders the stores before async-proxy reads
