@@ -227,7 +227,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = bars + 1 + kStages;  // [kStages]: one arrival per consumer thread
 
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const int kv_head = blockIdx.y, batch = blockIdx.z, n_start = blockIdx.x * kBlockN;
+  // (the deterministic dQ with a right edge, causal among them: key blocks from the last, the order
+  // in which their adds are taken, so that a block waits only for blocks started before it)
+  const int key_block =
+      kGeneral && p.deterministic && p.window_right >= 0 ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+  const int kv_head = blockIdx.y, batch = blockIdx.z, n_start = key_block * kBlockN;
   // (varlen: a sequence shorter than the longest has CTAs past its keys: the whole CTA leaves)
   const bool varlen = kGeneral && p.cu_seqlens_q != nullptr;
   const auto rows_of_sequence = [&] {
@@ -295,10 +299,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::bulk_load(st + C::kStatsSlot, w.dsum + (span.at - span.shift), stats_bytes, &full[stage]);
       }
     } else if (warp == 1 && kGeneral && p.deterministic) {
-      // The deterministic dQ: each step's tile is added after the key blocks before this one that
-      // see its query block (every block of a (batch entry, KV head) walks the same query blocks in
-      // the same order; blocks start in grid order, so the ones waited for are running or done),
-      // and counted once complete.
+      // The deterministic dQ: each step's tile is added after the key blocks that see its query
+      // block and come before this one in a fixed order, and counted once complete. The order: with
+      // a right edge (causal) from the last key block down, as the blocks reach the query block (a
+      // key block's first query block grows with it), and started in that order (key_block); else
+      // from the first up, in grid order. Either way the blocks waited for are running or done.
       const int diag = p.align_top_left ? 0 : seq.seqlen_k - seqlen_q;
       for (int it = 0; it < sched.iterations; ++it) {
         const int head = sched.head(it), m_block = sched.m_block(it), m_start = m_block * kBlockM;
@@ -308,12 +313,21 @@ __global__ void __launch_bounds__(kThreads, 1)
           int* counter = w.dq_counters +
                          (batch * p.heads + head) * ((p.seqlen_q + kBwdCounterRows - 1) / kBwdCounterRows) +
                          m_start / kBwdCounterRows;
-          int first = 0;  // the first key block with a key that a row of this query block sees
-          if (p.window_left >= 0) {
-            const int x = m_start + diag - p.window_left - (kBlockN - 1);
-            first = x <= 0 ? 0 : (x + kBlockN - 1) / kBlockN;
+          // The key blocks whose schedules hold this query block: [first, last].
+          int turn;
+          if (p.window_right >= 0) {
+            const int last = min((seq.seqlen_k + kBlockN - 1) / kBlockN - 1,
+                                 (m_start + kBlockM - 1 + diag + p.window_right) / kBlockN);
+            turn = last - key_block;
+          } else {
+            int first = 0;
+            if (p.window_left >= 0) {
+              const int x = m_start + diag - p.window_left - (kBlockN - 1);
+              first = x <= 0 ? 0 : (x + kBlockN - 1) / kBlockN;
+            }
+            turn = key_block - first;
           }
-          while (ptx::ld_acquire(counter) != int(blockIdx.x) - first) {
+          while (ptx::ld_acquire(counter) != turn) {
           }
           sm90::fence_proxy_async_global();
           sm90::bulk_reduce_add_f32(sm90_dq_tile<C>(p, w, batch, seq.q_start, m_block, head), smem_dq,
