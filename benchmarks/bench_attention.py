@@ -179,15 +179,35 @@ def train_implementations():
         lambda q, k, v, causal: flashext.flash_attention(q, k, v, causal=causal, deterministic=True), "bshd")
     if attention._hopper_forward_available():  # the Hopper backward alone (D = 64 and 128; refused elsewhere)
         impls["flashext_sm90"] = (HopperBackward.apply, "bshd")
-
-        def run_fa2_deterministic(q, k, v, causal):
-            previous = flashext.use_hopper_kernels(False)
-            try:
-                return flashext.flash_attention(q, k, v, causal=causal, deterministic=True)
-            finally:
-                flashext.use_hopper_kernels(previous)
-        impls["flashext_fa2_deterministic"] = (run_fa2_deterministic, "bshd")
+        impls["flashext_fa2_deterministic"] = (PortableDeterministic.apply, "bshd")
     return impls
+
+
+class PortableDeterministic(torch.autograd.Function):
+    """flash_attention(deterministic=True) with the Hopper kernels forbidden in the forward and in
+    the backward (which autograd runs after the call returns): the FA2-design kernels' deterministic
+    mode, the column flashext_fa2_deterministic of the train section."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        previous = flashext.use_hopper_kernels(False)
+        try:
+            with torch.enable_grad():
+                qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+                out = flashext.flash_attention(qg, kg, vg, causal=causal, deterministic=True)
+        finally:
+            flashext.use_hopper_kernels(previous)
+        ctx.graph = (qg, kg, vg, out)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, dout):
+        qg, kg, vg, out = ctx.graph
+        previous = flashext.use_hopper_kernels(False)
+        try:
+            return (*torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True), None)
+        finally:
+            flashext.use_hopper_kernels(previous)
 
 
 class HopperBackward(torch.autograd.Function):
