@@ -208,6 +208,23 @@ def test_deterministic_varlen_is_bitwise_reproducible(head_dim):
             assert_close(f"deterministic varlen {name} {head_dim} {kwargs}", g, w, b, factor=GRADIENT_FACTOR)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_deterministic_top_left_causal_is_bitwise_reproducible(head_dim):
+    # is_causal as torch aligns it (top-left) with Sq > Sk: the diagonal through (0, 0), so every key
+    # block sees query blocks from its own start on, another order of adds than bottom-right's.
+    q = randn(2, 4, 700, head_dim, dtype=torch.bfloat16)
+    k, v = (randn(2, 4, 500, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    dout = randn(*q.shape, dtype=q.dtype)
+    fn = lambda q, k, v: flashext.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    torch.use_deterministic_algorithms(True)
+    try:
+        first = grads(fn, q, k, v, dout)
+        for _ in range(9):
+            assert all(torch.equal(a, b) for a, b in zip(first, grads(fn, q, k, v, dout)))
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_default_mode_spread_is_reported_and_small():
     # The default adds dq by atomics: its bits may vary; dk and dv never do. Reports the spread.
     q, k, v = make_qkv(1, 2048, 2048, 8, 8, 128, torch.bfloat16)

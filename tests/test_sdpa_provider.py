@@ -198,7 +198,8 @@ def test_restore_brings_pytorch_back():
 
 @requires_cuda
 @requires_registry
-def test_deterministic_mode_is_bitwise():
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_mode_is_bitwise(causal):
     q = randn(2, 8, 500, 128, dtype=torch.bfloat16)
     k, v = (randn(2, 2, 500, 128, dtype=torch.bfloat16) for _ in range(2))
     dout = randn(2, 8, 500, 128, dtype=torch.bfloat16)
@@ -206,9 +207,9 @@ def test_deterministic_mode_is_bitwise():
     torch.use_deterministic_algorithms(True)
     try:
         with active():
-            first = sdpa_grads(q, k, v, dout, enable_gqa=True)
+            first = sdpa_grads(q, k, v, dout, enable_gqa=True, is_causal=causal)
             for _ in range(5):
-                again = sdpa_grads(q, k, v, dout, enable_gqa=True)
+                again = sdpa_grads(q, k, v, dout, enable_gqa=True, is_causal=causal)
                 assert all(torch.equal(a, b) for a, b in zip(first, again))
     finally:
         torch.use_deterministic_algorithms(previous)

@@ -305,6 +305,25 @@ TYPED_TEST(FlashBwdKernel, CompactTilesForLessSharedMemory) {
   run_case<TypeParam>(d256);
 }
 
+// A deterministic backward of case c: right against the CPU reference, and bitwise the same in
+// five more runs.
+template <typename T = __nv_bfloat16>
+void expect_deterministic(const Case& c) {
+  SCOPED_TRACE("D=" + std::to_string(c.head_dim) + " Sq=" + std::to_string(c.seqlen_q) + " causal=" +
+               std::to_string(c.causal) + " varlen=" + std::to_string(!c.varlen_q.empty()) +
+               " smem=" + std::to_string(c.max_smem) + " sm90=" + std::to_string(c.sm90));
+  run_case<T>(c, /*deterministic=*/true);
+  Problem<T> prob(c);
+  std::vector<T> dq0, dk0, dv0, dq, dk, dv;
+  prob.run(true, dq0, dk0, dv0);
+  for (int i = 0; i < 5; ++i) {
+    prob.run(true, dq, dk, dv);
+    ASSERT_EQ(std::memcmp(dq.data(), dq0.data(), dq.size() * sizeof(dq[0])), 0) << "run " << i;
+    ASSERT_EQ(std::memcmp(dk.data(), dk0.data(), dk.size() * sizeof(dk[0])), 0) << "run " << i;
+    ASSERT_EQ(std::memcmp(dv.data(), dv0.data(), dv.size() * sizeof(dv[0])), 0) << "run " << i;
+  }
+}
+
 // Every query-block size the kernels step by: 64 rows (D = 128, compact D = 64 and 256) and 128
 // (D = 64 and 256 on Hopper), whose counters share the workspace's 64-row layout: right against the
 // CPU reference, and bitwise the same run after run.
@@ -316,24 +335,15 @@ TEST(FlashBwd, DeterministicIsBitwiseRepeatable) {
   compact256.max_smem = 163 * 1024;
   for (const Case& c : {Case{2, 300, 300, 4, 2, 128, /*causal=*/true}, Case{2, 300, 300, 4, 2, 64, /*causal=*/true},
                         compact64, Case{1, 200, 260, 2, 1, 256}, compact256}) {
-    run_case<__nv_bfloat16>(c, /*deterministic=*/true);
-    Problem<__nv_bfloat16> prob(c);
-    std::vector<__nv_bfloat16> dq0, dk0, dv0, dq, dk, dv;
-    prob.run(true, dq0, dk0, dv0);
-    for (int i = 0; i < 5; ++i) {
-      prob.run(true, dq, dk, dv);
-      const std::string what = "D=" + std::to_string(c.head_dim) + " smem=" + std::to_string(c.max_smem) +
-                               " run " + std::to_string(i);
-      ASSERT_EQ(std::memcmp(dq.data(), dq0.data(), dq.size() * sizeof(dq[0])), 0) << what;
-      ASSERT_EQ(std::memcmp(dk.data(), dk0.data(), dk.size() * sizeof(dk[0])), 0) << what;
-      ASSERT_EQ(std::memcmp(dv.data(), dv0.data(), dv.size() * sizeof(dv[0])), 0) << what;
-    }
+    expect_deterministic(c);
   }
 }
 
 // The Hopper backward's deterministic dQ (the tiles added in key block order): right against the
-// CPU reference, and bitwise the same run after run; key blocks enough (up to 8) that their order
-// matters, a window whose query blocks start past the first key block, GQA, varlen.
+// CPU reference, and bitwise the same run after run, in fp16 (three more mantissa bits of the fp32
+// sums survive than in bf16) and bf16; key blocks enough (up to 8) that their order matters, both
+// orders (descending with a right edge, ascending without, from the first key block a left window
+// lets see the query block), query blocks no key block sees, soft-cap, GQA, varlen.
 TEST(FlashBwd, Sm90DeterministicIsBitwiseRepeatable) {
   FX_SKIP_WITHOUT_GPU();
   FX_SKIP_WITHOUT_SM90();
@@ -342,6 +352,9 @@ TEST(FlashBwd, Sm90DeterministicIsBitwiseRepeatable) {
     cases.push_back({2, 300, 1000, 4, 2, d});
     cases.push_back({1, 1000, 1000, 2, 1, d, /*causal=*/true});
     cases.push_back({1, 700, 900, 2, 2, d, false, 150, 40});
+    cases.push_back({1, 700, 900, 2, 2, d, false, 150, -1});              // a left edge alone
+    cases.push_back({1, 900, 300, 2, 1, d, /*causal=*/true});             // Sq > Sk: 600 rows see no key
+    cases.push_back({1, 500, 600, 2, 2, d, true, -1, -1, /*softcap=*/5.0f});
     Case varlen{0, 0, 0, 4, 2, d, /*causal=*/true};
     varlen.varlen_q = {5, 600, 130};
     varlen.varlen_k = {9, 700, 200};
@@ -349,19 +362,8 @@ TEST(FlashBwd, Sm90DeterministicIsBitwiseRepeatable) {
   }
   for (Case& c : cases) {
     c.sm90 = true;
-    run_case<__nv_bfloat16>(c, /*deterministic=*/true);
-    Problem<__nv_bfloat16> prob(c);
-    std::vector<__nv_bfloat16> dq0, dk0, dv0, dq, dk, dv;
-    prob.run(true, dq0, dk0, dv0);
-    for (int i = 0; i < 5; ++i) {
-      prob.run(true, dq, dk, dv);
-      const std::string what = "D=" + std::to_string(c.head_dim) + " Sq=" + std::to_string(c.seqlen_q) +
-                               " causal=" + std::to_string(c.causal) + " varlen=" +
-                               std::to_string(!c.varlen_q.empty()) + " run " + std::to_string(i);
-      ASSERT_EQ(std::memcmp(dq.data(), dq0.data(), dq.size() * sizeof(dq[0])), 0) << what;
-      ASSERT_EQ(std::memcmp(dk.data(), dk0.data(), dk.size() * sizeof(dk[0])), 0) << what;
-      ASSERT_EQ(std::memcmp(dv.data(), dv0.data(), dv.size() * sizeof(dv[0])), 0) << what;
-    }
+    expect_deterministic<__half>(c);
+    expect_deterministic<__nv_bfloat16>(c);
   }
 }
 
