@@ -732,12 +732,16 @@ int bwd_smem_bytes(int max_smem_per_block) {
   return max_smem_per_block >= Compact::kSmemBytes ? Compact::kSmemBytes : 0;
 }
 
-// D and lse · log2 e into the workspace, dq_accum zeroed: the first kernel of either backward
-// (this one's and flash_bwd_sm90.cu's), over every (query row, head) pair.
+// The workspace readied for either backward (this one's and flash_bwd_sm90.cu's): the deterministic
+// mode's counters zeroed, then D and lse · log2 e and a zeroed dq_accum by the first kernel, over
+// every (query row, head) pair.
 template <typename T>
 cudaError_t launch_bwd_preprocess(const FlashBwdParams& p, const BwdWorkspace& w, cudaStream_t stream) {
   const int64_t pairs = bwd_rows(p) * p.heads;
   if (pairs == 0) return cudaSuccess;
+  if (p.deterministic) {
+    FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count(p)) * 4, stream));
+  }
   const int64_t pairs_per_block = 8 * (32 / bwd_preprocess_lanes(p.head_dim));
   flash_bwd_preprocess<T><<<unsigned((pairs + pairs_per_block - 1) / pairs_per_block), 256, 0, stream>>>(p, w);
   return cudaGetLastError();
@@ -754,9 +758,6 @@ cudaError_t launch_flash_bwd(const FlashBwdParams& p, void* workspace, cudaStrea
   if (smem == 0) return cudaErrorInvalidConfiguration;  // the glue says so in words first
   const BwdWorkspace w = bwd_workspace<kHeadDim>(p, workspace);
   if (bwd_rows(p) * p.heads == 0) return cudaSuccess;
-  if (p.deterministic) {
-    FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count(p)) * 4, stream));
-  }
   FX_RETURN_IF_ERROR(launch_bwd_preprocess<T>(p, w, stream));
   if (smem != Full::kSmemBytes) return launch_flash_bwd_config<T, Compact>(p, w, stream);
   return launch_flash_bwd_config<T, Full>(p, w, stream);

@@ -607,9 +607,6 @@ template <typename T, int kHeadDim>
 cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream_t stream) {
   using C = Sm90BwdConfig<kHeadDim>;
   const BwdWorkspace w = bwd_workspace<C::kHeadDim>(p, workspace);
-  if (p.deterministic) {
-    FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count(p)) * 4, stream));
-  }
   FX_RETURN_IF_ERROR(launch_bwd_preprocess<T>(p, w, stream));
   Sm90BwdMaps maps;
   // Varlen: the maps span the packed rows as one batch entry (a sequence's blocks start at its

@@ -1,7 +1,7 @@
 // flashext Hopper FlashAttention backward (flash_bwd_sm90.cu), version 0: D = 64 and 128, dense or
 // packed varlen batches, fp16 / bf16, full, causal or windowed attention, soft-cap, GQA, dQ added
-// atomically or (deterministic) in key block order. The torch layer (csrc/torch/attention.cpp) calls it for the calls it
-// takes on a Hopper GPU, run_flash_bwd (the FA2-design kernels) otherwise;
+// atomically or (deterministic) in key block order. The torch layer (csrc/torch/attention.cpp)
+// calls it for the calls it takes on a Hopper GPU, run_flash_bwd (the FA2-design kernels) otherwise;
 // FlashBwdKernel.Sm90AgainstCpuReference (tests/cpp/test_attention_backward.cpp) checks it against
 // the CPU reference. It takes run_flash_bwd's params and workspace (flash_bwd_workspace_bytes).
 #pragma once
