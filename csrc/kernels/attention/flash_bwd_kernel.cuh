@@ -319,7 +319,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   const int kv_col0 = (warp / Config::kKVKeyWarps) * Config::kDCols;
   const int dq_row0 = (warp % Config::kDqRowWarps) * 16 * kDqRowTiles;
   const int dq_col0 = (warp / Config::kDqRowWarps) * Config::kDqCols;
-  const int n_block = blockIdx.x, kv_head = blockIdx.y, batch = blockIdx.z;
+  // (the deterministic dQ with a right edge, causal among them: key blocks from the last, the order
+  // in which they reach a query block and add into it, so that a block waits only for blocks
+  // started before it)
+  const int n_block = p.deterministic && p.window_right >= 0 ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
   const SequenceRows seq = sequence_rows(p, batch);  // (tiles.cuh: clamped as the forward's)
   const int n_start = n_block * kBlockN;
   if (n_start >= seq.seqlen_k) return;  // past this sequence (its dk, dv rows do not exist)
@@ -618,19 +622,29 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
             });
       };
       dq_gemm(0);
-      // Deterministic: this block adds after every key block before it that sees the same query
-      // block (they run the same steps in the same order; blocks start in grid order, so the
-      // ones waited for are running or done), with plain loads and stores through L2.
+      // Deterministic: this block adds after the key blocks that see the same query block and come
+      // before it in a fixed order (with a right edge from the last key block down, as they reach
+      // the query block; else from the first up; blocks start in that order, so the ones waited
+      // for are running or done), with plain loads and stores through L2.
       int* counter = w.dq_counters + (int64_t(batch) * p.heads + head) * ((p.seqlen_q + kBlockM - 1) / kBlockM) +
                      m_start / kBlockM;
       if (p.deterministic) {
         if (threadIdx.x == 0) {
-          int first = 0;  // the first key block whose query range holds m_start
-          if (p.window_left >= 0) {
-            const int x = m_start + diag - p.window_left - (kBlockN - 1);
-            first = x <= 0 ? 0 : (x + kBlockN - 1) / kBlockN;
+          // The key blocks whose query ranges hold m_start: [first, last].
+          int turn;
+          if (p.window_right >= 0) {
+            const int last = min((seq.seqlen_k + kBlockN - 1) / kBlockN - 1,
+                                 (m_start + kBlockM - 1 + diag + p.window_right) / kBlockN);
+            turn = last - n_block;
+          } else {
+            int first = 0;
+            if (p.window_left >= 0) {
+              const int x = m_start + diag - p.window_left - (kBlockN - 1);
+              first = x <= 0 ? 0 : (x + kBlockN - 1) / kBlockN;
+            }
+            turn = n_block - first;
           }
-          while (ptx::ld_acquire(counter) != n_block - first) {
+          while (ptx::ld_acquire(counter) != turn) {
           }
         }
         __syncthreads();
