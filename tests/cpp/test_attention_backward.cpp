@@ -327,14 +327,22 @@ void expect_deterministic(const Case& c) {
 // Every query-block size the kernels step by: 64 rows (D = 128, compact D = 64 and 256) and 128
 // (D = 64 and 256 on Hopper), whose counters share the workspace's 64-row layout: right against the
 // CPU reference, and bitwise the same run after run.
+// With a right edge (causal among them) the adds go from the last key block down, the grid started
+// in that order: bottom-right causal with Sq > Sk (rows that see no key), a right edge alone, and
+// the compact tiles with a right edge.
 TEST(FlashBwd, DeterministicIsBitwiseRepeatable) {
   FX_SKIP_WITHOUT_GPU();
   Case compact64{2, 300, 300, 4, 2, 64, /*causal=*/true};
   compact64.max_smem = 99 * 1024;
+  Case compact128{1, 300, 420, 2, 1, 128, /*causal=*/true};
+  compact128.max_smem = 99 * 1024;
   Case compact256{1, 200, 260, 2, 1, 256};
   compact256.max_smem = 163 * 1024;
+  Case compact256_causal{1, 260, 200, 2, 1, 256, /*causal=*/true};
+  compact256_causal.max_smem = 163 * 1024;
   for (const Case& c : {Case{2, 300, 300, 4, 2, 128, /*causal=*/true}, Case{2, 300, 300, 4, 2, 64, /*causal=*/true},
-                        compact64, Case{1, 200, 260, 2, 1, 256}, compact256}) {
+                        Case{1, 500, 230, 2, 1, 128, /*causal=*/true}, Case{1, 330, 390, 2, 2, 64, false, -1, 40},
+                        compact64, compact128, Case{1, 200, 260, 2, 1, 256}, compact256, compact256_causal}) {
     expect_deterministic(c);
   }
 }
