@@ -4,8 +4,10 @@
     python benchmarks/ncu_source.py attention_source.csv [--top 20]
 
 Per kernel: instructions and warp samples by execution count (an instruction executed once per warp
-is prologue or epilogue; N times per warp, a loop body), the instructions with the most samples and
-their main stall reasons, and the samples around each run of cp.async (LDGSTS) instructions.
+is prologue or epilogue; N times per warp, a loop body), the executed instructions and samples by
+opcode (the mix to set beside another kernel's: where one kernel issues more than the other), the
+instructions with the most samples and their main stall reasons, and the samples around each run of
+cp.async (LDGSTS) instructions.
 """
 
 from __future__ import annotations
@@ -35,6 +37,25 @@ def number(row, key) -> float:
         return 0.0
 
 
+def opcode(source: str) -> str:
+    """The opcode of a SASS line with its first modifier ("@!P0 MUFU.EX2 R1, R2 ;" -> "MUFU.EX2")."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return ".".join(words[0].rstrip(";").split(".")[:2]) if words else ""
+
+
+def opcode_mix(rows: list) -> list:
+    """(opcode, executed instructions, samples) over the kernel's lines, most executed first."""
+    mix = collections.defaultdict(lambda: [0.0, 0.0])
+    for row in rows:
+        entry = mix[opcode(row.get("Source", ""))]
+        entry[0] += number(row, "Instructions Executed")
+        entry[1] += number(row, SAMPLES)
+    return sorted(((op, executed, samples) for op, (executed, samples) in mix.items() if executed),
+                  key=lambda item: -item[1])
+
+
 def summarise(name: str, rows: list, top: int) -> None:
     print(f"== {name[:150]}")
     print(f"   {len(rows)} instructions, {number_sum(rows, SAMPLES):.0f} samples")
@@ -50,6 +71,11 @@ def summarise(name: str, rows: list, top: int) -> None:
         if count:
             static, dynamic, samples = by_count[count]
             print(f"   {count:24d} {static:8d} {dynamic:9.0f} {samples:12.0f}")
+    mix = opcode_mix(rows)
+    executed = sum(item[1] for item in mix) or 1.0
+    print(f"   executed instructions by opcode (top {top}): opcode, share, executed, samples")
+    for op, count, samples in mix[:top]:
+        print(f"   {op:24s} {count / executed:6.1%} {count:14.0f} {samples:10.0f}")
     print(f"   top {top} instructions by samples (index: source; samples; main reasons)")
     order = sorted(range(len(rows)), key=lambda i: -number(rows[i], SAMPLES))[:top]
     for i in sorted(order):
