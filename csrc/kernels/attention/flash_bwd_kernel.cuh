@@ -171,6 +171,33 @@ int64_t bwd_accum_bytes(const FlashBwdParams& p) {
 // a multiple of 64 rows, so these serve whichever one runs (it indexes its own blocks among them).
 constexpr int kBwdCounterRows = 64;
 
+// The deterministic dQ's order: key block n_block's turn among the key blocks (of kBlockN keys) that
+// add into the query block at m_start (of kBlockM rows), i.e. those whose query ranges hold it,
+// [first, last]. With a right edge (causal among them) counted from the last down, the order in
+// which the blocks reach the query block; else from the first up. Both backwards start their
+// blocks in that order (the grid reversed with a right edge), so a block waits only for blocks
+// started before it (bwd_key_block).
+template <int kBlockM, int kBlockN>
+FX_DEVICE int bwd_dq_turn(const FlashBwdParams& p, int seqlen_k, int diag, int m_start, int n_block) {
+  if (p.window_right >= 0) {
+    const int last =
+        min((seqlen_k + kBlockN - 1) / kBlockN - 1, (m_start + kBlockM - 1 + diag + p.window_right) / kBlockN);
+    return last - n_block;
+  }
+  int first = 0;
+  if (p.window_left >= 0) {
+    const int x = m_start + diag - p.window_left - (kBlockN - 1);
+    first = x <= 0 ? 0 : (x + kBlockN - 1) / kBlockN;
+  }
+  return n_block - first;
+}
+
+// The key block a CTA of either backward owns: blockIdx.x, or, for the ordered (deterministic) dQ
+// with a right edge, counted from the last, so that blocks start in bwd_dq_turn's order.
+FX_DEVICE int bwd_key_block(const FlashBwdParams& p, bool ordered) {
+  return ordered && p.window_right >= 0 ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+}
+
 inline int64_t bwd_counter_count(const FlashBwdParams& p) {
   return p.deterministic ? int64_t(p.batch) * p.heads * ((p.seqlen_q + kBwdCounterRows - 1) / kBwdCounterRows) : 0;
 }
@@ -319,10 +346,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
   const int kv_col0 = (warp / Config::kKVKeyWarps) * Config::kDCols;
   const int dq_row0 = (warp % Config::kDqRowWarps) * 16 * kDqRowTiles;
   const int dq_col0 = (warp / Config::kDqRowWarps) * Config::kDqCols;
-  // (the deterministic dQ with a right edge, causal among them: key blocks from the last, the order
-  // in which they reach a query block and add into it, so that a block waits only for blocks
-  // started before it)
-  const int n_block = p.deterministic && p.window_right >= 0 ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+  const int n_block = bwd_key_block(p, p.deterministic);
   const int kv_head = blockIdx.y, batch = blockIdx.z;
   const SequenceRows seq = sequence_rows(p, batch);  // (tiles.cuh: clamped as the forward's)
   const int n_start = n_block * kBlockN;
@@ -623,27 +647,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
       };
       dq_gemm(0);
       // Deterministic: this block adds after the key blocks that see the same query block and come
-      // before it in a fixed order (with a right edge from the last key block down, as they reach
-      // the query block; else from the first up; blocks start in that order, so the ones waited
-      // for are running or done), with plain loads and stores through L2.
+      // before it in bwd_dq_turn's order, with plain loads and stores through L2.
       int* counter = w.dq_counters + (int64_t(batch) * p.heads + head) * ((p.seqlen_q + kBlockM - 1) / kBlockM) +
                      m_start / kBlockM;
       if (p.deterministic) {
         if (threadIdx.x == 0) {
-          // The key blocks whose query ranges hold m_start: [first, last].
-          int turn;
-          if (p.window_right >= 0) {
-            const int last = min((seq.seqlen_k + kBlockN - 1) / kBlockN - 1,
-                                 (m_start + kBlockM - 1 + diag + p.window_right) / kBlockN);
-            turn = last - n_block;
-          } else {
-            int first = 0;
-            if (p.window_left >= 0) {
-              const int x = m_start + diag - p.window_left - (kBlockN - 1);
-              first = x <= 0 ? 0 : (x + kBlockN - 1) / kBlockN;
-            }
-            turn = n_block - first;
-          }
+          const int turn = bwd_dq_turn<kBlockM, kBlockN>(p, seq.seqlen_k, diag, m_start, n_block);
           while (ptx::ld_acquire(counter) != turn) {
           }
         }

@@ -99,10 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = bars + 1 + kStages;  // [kStages]: one arrival per consumer thread
 
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
-  // (the deterministic dQ with a right edge, causal among them: key blocks from the last, the order
-  // in which their adds are taken, so that a block waits only for blocks started before it)
-  const int key_block =
-      kGeneral && p.deterministic && p.window_right >= 0 ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+  const int key_block = bwd_key_block(p, kGeneral && p.deterministic);
   const int kv_head = blockIdx.y, batch = blockIdx.z, n_start = key_block * kBlockN;
   // (varlen: a sequence shorter than the longest has CTAs past its keys: the whole CTA leaves)
   const bool varlen = kGeneral && p.cu_seqlens_q != nullptr;
@@ -172,10 +169,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if (warp == 1 && kGeneral && p.deterministic) {
       // The deterministic dQ: each step's tile is added after the key blocks that see its query
-      // block and come before this one in a fixed order, and counted once complete. The order: with
-      // a right edge (causal) from the last key block down, as the blocks reach the query block (a
-      // key block's first query block grows with it), and started in that order (key_block); else
-      // from the first up, in grid order. Either way the blocks waited for are running or done.
+      // block and come before this one in bwd_dq_turn's order (flash_bwd_kernel.cuh; with a right
+      // edge the grid starts from the last key block, key_block), and counted once complete.
       const int diag = p.align_top_left ? 0 : seq.seqlen_k - seqlen_q;
       for (int it = 0; it < sched.iterations; ++it) {
         const int head = sched.head(it), m_block = sched.m_block(it), m_start = m_block * kBlockM;
@@ -185,20 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           int* counter = w.dq_counters +
                          (batch * p.heads + head) * ((p.seqlen_q + kBwdCounterRows - 1) / kBwdCounterRows) +
                          m_start / kBwdCounterRows;
-          // The key blocks whose schedules hold this query block: [first, last].
-          int turn;
-          if (p.window_right >= 0) {
-            const int last = min((seq.seqlen_k + kBlockN - 1) / kBlockN - 1,
-                                 (m_start + kBlockM - 1 + diag + p.window_right) / kBlockN);
-            turn = last - key_block;
-          } else {
-            int first = 0;
-            if (p.window_left >= 0) {
-              const int x = m_start + diag - p.window_left - (kBlockN - 1);
-              first = x <= 0 ? 0 : (x + kBlockN - 1) / kBlockN;
-            }
-            turn = key_block - first;
-          }
+          const int turn = bwd_dq_turn<kBlockM, kBlockN>(p, seq.seqlen_k, diag, m_start, key_block);
           while (ptx::ld_acquire(counter) != turn) {
           }
           sm90::fence_proxy_async_global();
@@ -377,6 +359,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         p16[i][r] = ptx::pack2<T>(pr[0], pr[1]);
       }
     };
+    // dSᵀ = Pᵀ ∘ (dPᵀ − D) of the n8 tile i, from s (Pᵀ, soft-capped) and dp: into ds16[i]
+    const auto ds_tile = [&](int i) {
+      float2 dd = stat_pair(dsum + 8 * i + 2 * quad);
+      if (tail) {
+        const int query = m_rel + 8 * i + 2 * quad;
+        if (query >= seq_end) dd.x = 0.0f;
+        if (query + 1 >= seq_end) dd.y = 0.0f;
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int idx = 4 * i + 2 * r;
+        ds16[i][r] = ptx::pack2<T>(s[idx] * (dp[idx] - dd.x), s[idx + 1] * (dp[idx + 1] - dd.y));
+      }
+    };
     // dV_c += Pᵀ dO, and later dK_c += dSᵀ Q (m64nD): query k16 step kk is n8 tiles 2 kk and 2 kk + 1
     // (the A fragment); dO and Q MN-major, head dims in D / 64 slabs (the leading offset), 16 rows
     // per step.
@@ -401,19 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::wgmma_wait<1>();  // dPᵀ is in; dV still runs
       sm90::fence_operands(dp);
 #pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i) {
-        float2 dd = stat_pair(dsum + 8 * i + 2 * quad);  // dSᵀ = Pᵀ ∘ (dPᵀ − D)
-        if (tail) {
-          const int query = m_rel + 8 * i + 2 * quad;
-          if (query >= seq_end) dd.x = 0.0f;
-          if (query + 1 >= seq_end) dd.y = 0.0f;
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int idx = 4 * i + 2 * r;
-          ds16[i][r] = ptx::pack2<T>(s[idx] * (dp[idx] - dd.x), s[idx + 1] * (dp[idx + 1] - dd.y));
-        }
-      }
+      for (int i = 0; i < kBlockM / 8; ++i) ds_tile(i);
     } else {
       // D = 64: Sᵀ and dPᵀ both waited for, then Pᵀ and dSᵀ tile by tile, dV's k16 step kk issued as
       // soon as its tiles 2 kk and 2 kk + 1 of Pᵀ are in, so that Sᵀ's and dPᵀ's registers free as
@@ -421,17 +405,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kBlockM / 8; ++i) {
         p_tile(i);
-        float2 dd = stat_pair(dsum + 8 * i + 2 * quad);  // dSᵀ = Pᵀ ∘ (dPᵀ − D)
-        if (tail) {
-          const int query = m_rel + 8 * i + 2 * quad;
-          if (query >= seq_end) dd.x = 0.0f;
-          if (query + 1 >= seq_end) dd.y = 0.0f;
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int idx = 4 * i + 2 * r;
-          ds16[i][r] = ptx::pack2<T>(s[idx] * (dp[idx] - dd.x), s[idx + 1] * (dp[idx + 1] - dd.y));
-        }
+        ds_tile(i);
         if (i % 2 == 1) {
           sm90::fence_operands(p16[i - 1]);
           sm90::fence_operands(p16[i]);
