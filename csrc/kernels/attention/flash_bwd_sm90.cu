@@ -59,6 +59,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/device.h"
 #include "../common/ptx.cuh"
@@ -236,9 +237,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::zero_tile_rows(tile, kSlabs, slab_bytes, rows, first, threadIdx.x - 128, 256);
   };
   // A pair of statistics: one 8-byte load, or two single floats in the general kernel (where a
-  // varlen block's statistics start `shift` floats into the stage's slot) and where kScalarStats.
+  // varlen block's statistics start `shift` floats into the stage's slot).
   const auto stat_pair = [&](const float* at) {
-    return kGeneral || C::kScalarStats ? make_float2(at[0], at[1]) : *reinterpret_cast<const float2*>(at);
+    return kGeneral ? make_float2(at[0], at[1]) : *reinterpret_cast<const float2*>(at);
   };
   sm90::mbarrier_wait(kv_full, 0);
   if (varlen && n_start + kBlockN > seqlen_k) {
@@ -334,10 +335,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     uint32_t p16[kBlockM / 8][2], ds16[kBlockM / 8][2];
+    // The tiles below take `checked` (std::bool_constant): whether the step applies the mask and
+    // the tail rows at all. A uniform branch picks the step's code: with run-time `masked` and
+    // `tail` inside, the compiler evaluates the (then neutral) comparisons and selects of every
+    // element in every step, about a third of the full backward's instructions.
     // Pᵀ of the n8 tile i (queries m_start + 8 i + [0, 8)): into p16[i] and s
-    const auto p_tile = [&](int i) {
+    const auto p_tile = [&](int i, auto checked) {
       float2 l2 = stat_pair(lse2 + 8 * i + 2 * quad);
-      if (tail) {
+      if (decltype(checked)::value && tail) {
         const int query = m_rel + 8 * i + 2 * quad;
         if (query >= seq_end) l2.x = INFINITY;
         if (query + 1 >= seq_end) l2.y = INFINITY;
@@ -349,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 2; ++e) {
           const int idx = 4 * i + 2 * r + e;
           float pe = ptx::exp2_approx(fmaf(s[idx], score_scale, -(e == 0 ? l2.x : l2.y)));  // +inf lse₂ → 0
-          if (masked) {
+          if (decltype(checked)::value && masked) {
             const int query = m_rel + 8 * i + 2 * quad + e;
             if (query < q_lo[r] || query >= q_hi[r]) pe = 0.0f;
           }
@@ -360,9 +365,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     // dSᵀ = Pᵀ ∘ (dPᵀ − D) of the n8 tile i, from s (Pᵀ, soft-capped) and dp: into ds16[i]
-    const auto ds_tile = [&](int i) {
+    const auto ds_tile = [&](int i, auto checked) {
       float2 dd = stat_pair(dsum + 8 * i + 2 * quad);
-      if (tail) {
+      if (decltype(checked)::value && tail) {
         const int query = m_rel + 8 * i + 2 * quad;
         if (query >= seq_end) dd.x = 0.0f;
         if (query + 1 >= seq_end) dd.y = 0.0f;
@@ -382,11 +387,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t a[4] = {p16[2 * kk][0], p16[2 * kk][1], p16[2 * kk + 1][0], p16[2 * kk + 1][1]};
       wgmma_rs<T, 1>(acc_dv, a, desc_do_cols + uint64_t(128 * kk), 1);
     };
+    // (the general kernel at D = 128 checks every step: the two versions spill there)
+    const bool checked = kGeneral && kHeadDim == 128 ? true : masked || tail;
+    const auto either = [&](auto tiles) {  // tiles(std::bool_constant): ALU code only, no wgmma
+      if (checked) {
+        tiles(std::true_type{});
+      } else {
+        tiles(std::false_type{});
+      }
+    };
     if constexpr (C::kExpUnderDp) {
       // D = 128: Pᵀ while dPᵀ's GEMM runs; dV issued as soon as Pᵀ is in (while dPᵀ may still run),
       // then dSᵀ while dV's GEMM runs.
+      either([&](auto check) {
 #pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i) p_tile(i);
+        for (int i = 0; i < kBlockM / 8; ++i) p_tile(i, check);
+      });
 #pragma unroll
       for (int i = 0; i < kBlockM / 8; ++i) sm90::fence_operands(p16[i]);
       sm90::fence_operands(acc_dv);
@@ -396,23 +412,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::wgmma_commit();
       sm90::wgmma_wait<1>();  // dPᵀ is in; dV still runs
       sm90::fence_operands(dp);
+      either([&](auto check) {
 #pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i) ds_tile(i);
+        for (int i = 0; i < kBlockM / 8; ++i) ds_tile(i, check);
+      });
     } else {
-      // D = 64: Sᵀ and dPᵀ both waited for, then Pᵀ and dSᵀ tile by tile, dV's k16 step kk issued as
-      // soon as its tiles 2 kk and 2 kk + 1 of Pᵀ are in, so that Sᵀ's and dPᵀ's registers free as
-      // Pᵀ's and dSᵀ's fill (issuing all of dV after the loop lets later tiles' exponentials run early).
+      // D = 64: Sᵀ and dPᵀ both waited for, then Pᵀ and dSᵀ two tiles at a time, dV's k16 step kk
+      // issued as soon as its tiles 2 kk and 2 kk + 1 of Pᵀ are in, so that Sᵀ's and dPᵀ's registers
+      // free as Pᵀ's and dSᵀ's fill (issuing all of dV after the loop lets later tiles' exponentials
+      // run early).
 #pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i) {
-        p_tile(i);
-        ds_tile(i);
-        if (i % 2 == 1) {
-          sm90::fence_operands(p16[i - 1]);
-          sm90::fence_operands(p16[i]);
-          if (i == 1) sm90::fence_operands(acc_dv);
-          sm90::wgmma_fence();
-          dv_step(i / 2);
-        }
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        either([&](auto check) {
+#pragma unroll
+          for (int i = 2 * kk; i < 2 * kk + 2; ++i) {
+            p_tile(i, check);
+            ds_tile(i, check);
+          }
+        });
+        sm90::fence_operands(p16[2 * kk]);
+        sm90::fence_operands(p16[2 * kk + 1]);
+        if (kk == 0) sm90::fence_operands(acc_dv);
+        sm90::wgmma_fence();
+        dv_step(kk);
       }
       sm90::wgmma_commit();
     }

@@ -32,8 +32,6 @@ struct Sm90BwdConfig {
   static constexpr bool kExpUnderDp = kHeadDim == 128;
   // Query rows as offsets from the thread's first one (constants): D = 64's 128 rows won't fit in registers.
   static constexpr bool kQueryOffsets = kHeadDim == 64;
-  // Statistics as single floats, not 8-byte loads: an aligned register pair costs D = 64's peak a spill.
-  static constexpr bool kScalarStats = kHeadDim == 64;
   static constexpr int kStages = 2;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
