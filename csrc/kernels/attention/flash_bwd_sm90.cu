@@ -52,7 +52,8 @@
 // Pᵀ and dSᵀ are computed 16 queries at a time, each k16 step of dV issued as soon as its Pᵀ is in,
 // so that Sᵀ's and dPᵀ's registers free as Pᵀ's and dSᵀ's fill (Pᵀ beside Sᵀ, dPᵀ in flight, dK
 // and dV would take 224 of the 240). Then dK; dS goes to shared memory and dQ is issued while dV
-// and dK run; one wait retires the three.
+// and dK run; one wait retires the three. Steps away from the edges (no window edge, no keys or
+// queries past the end) run the tiles' code without the mask and tail checks (`edge_step`).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -237,7 +238,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::zero_tile_rows(tile, kSlabs, slab_bytes, rows, first, threadIdx.x - 128, 256);
   };
   // A pair of statistics: one 8-byte load, or two single floats in the general kernel (where a
-  // varlen block's statistics start `shift` floats into the stage's slot).
+  // varlen block's statistics start `shift` floats into the stage's slot). The pairs' float
+  // indices are even, so a dense pair is 8-byte aligned while the slots and stages are.
+  static_assert(C::kOffStats % 8 == 0 && C::kStatsSlot % 2 == 0, "statistics pairs must be 8-byte aligned");
   const auto stat_pair = [&](const float* at) {
     return kGeneral ? make_float2(at[0], at[1]) : *reinterpret_cast<const float2*>(at);
   };
@@ -338,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The tiles below take `checked` (std::bool_constant): whether the step applies the mask and
     // the tail rows at all. A uniform branch picks the step's code: with run-time `masked` and
     // `tail` inside, the compiler evaluates the (then neutral) comparisons and selects of every
-    // element in every step, about a third of the full backward's instructions.
+    // element in every step, close to a third of the full backward's instructions.
     // Pᵀ of the n8 tile i (queries m_start + 8 i + [0, 8)): into p16[i] and s
     const auto p_tile = [&](int i, auto checked) {
       float2 l2 = stat_pair(lse2 + 8 * i + 2 * quad);
@@ -388,9 +391,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_rs<T, 1>(acc_dv, a, desc_do_cols + uint64_t(128 * kk), 1);
     };
     // (the general kernel at D = 128 checks every step: the two versions spill there)
-    const bool checked = kGeneral && kHeadDim == 128 ? true : masked || tail;
+    const bool edge_step = kGeneral && kHeadDim == 128 ? true : masked || tail;
     const auto either = [&](auto tiles) {  // tiles(std::bool_constant): ALU code only, no wgmma
-      if (checked) {
+      if (edge_step) {
         tiles(std::true_type{});
       } else {
         tiles(std::false_type{});
