@@ -14,7 +14,8 @@ fwd     TFLOP/s (4·B·H·S²·D, halved when causal; B·S = 16384 tokens, H = 2
 train   forward + backward and the backward alone, TFLOP/s (forward 4·B·H·S²·D, backward 2.5× that,
         halved when causal), same grid as fwd: flashext, its Triton twin, SDPA's flash and cuDNN
         backends and SDPA with no backend chosen (what a training script gets), and on sm_90 at
-        D = 64 and 128 flashext_sm90 (flash_attention's forward with the Hopper backward alone);
+        D = 64 and 128 flashext_sm90 (flash_attention's forward with the Hopper backward alone)
+        and flashext_fa2 (forward and backward on the FA2-design kernels, the portable path);
         when named in FLASHEXT_BENCH_IMPLS, flashext_deterministic (deterministic=True as
         dispatched) and flashext_fa2_deterministic (on the FA2-design kernels).
         Gradients are checked first against flashext.reference.attention_backward on one (batch,
@@ -179,22 +180,23 @@ def train_implementations():
         lambda q, k, v, causal: flashext.flash_attention(q, k, v, causal=causal, deterministic=True), "bshd")
     if attention._hopper_forward_available():  # the Hopper backward alone (D = 64 and 128; refused elsewhere)
         impls["flashext_sm90"] = (HopperBackward.apply, "bshd")
-        impls["flashext_fa2_deterministic"] = (PortableDeterministic.apply, "bshd")
+        impls["flashext_fa2"] = (lambda q, k, v, causal: Portable.apply(q, k, v, causal, False), "bshd")
+        impls["flashext_fa2_deterministic"] = (lambda q, k, v, causal: Portable.apply(q, k, v, causal, True), "bshd")
     return impls
 
 
-class PortableDeterministic(torch.autograd.Function):
-    """flash_attention(deterministic=True) with the Hopper kernels forbidden in the forward and in
-    the backward (which autograd runs after the call returns): the FA2-design kernels' deterministic
-    mode, the column flashext_fa2_deterministic of the train section."""
+class Portable(torch.autograd.Function):
+    """flash_attention with the Hopper kernels forbidden in the forward and in the backward (which
+    autograd runs after the call returns): the FA2-design kernels, what GPUs other than Hopper run;
+    the columns flashext_fa2 and (deterministic) flashext_fa2_deterministic of the train section."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal):
+    def forward(ctx, q, k, v, causal, deterministic):
         previous = flashext.use_hopper_kernels(False)
         try:
             with torch.enable_grad():
                 qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-                out = flashext.flash_attention(qg, kg, vg, causal=causal, deterministic=True)
+                out = flashext.flash_attention(qg, kg, vg, causal=causal, deterministic=deterministic)
         finally:
             flashext.use_hopper_kernels(previous)
         ctx.graph = (qg, kg, vg, out)
@@ -205,7 +207,7 @@ class PortableDeterministic(torch.autograd.Function):
         qg, kg, vg, out = ctx.graph
         previous = flashext.use_hopper_kernels(False)
         try:
-            return (*torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True), None)
+            return (*torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True), None, None)
         finally:
             flashext.use_hopper_kernels(previous)
 
@@ -442,7 +444,8 @@ def plot(payload, path):
     section = "fwd" if any(r["section"] == "fwd" for r in payload["rows"]) else "train"
     dtype, key = ("fp16", "tflops") if section == "fwd" else ("bf16", "fwd_bwd_tflops")
     names = (["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_mem_efficient", "flex_attention", "flashext_sm90",
-              "flashext_fa2"] if section == "fwd" else ["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_default"])
+              "flashext_fa2"] if section == "fwd" else ["flashext", "triton_twin", "sdpa_flash", "sdpa_cudnn", "sdpa_default",
+                                                        "flashext_fa2"])
     head_dims = sorted({r["head_dim"] for r in payload["rows"] if r["section"] == section})
     fig, axes = plt.subplots(len(head_dims), 2, figsize=(13, 4 * len(head_dims)), squeeze=False, sharey=True)
     for i, head_dim in enumerate(head_dims):

@@ -103,19 +103,25 @@ def train_tables(payload, summary: bool = False) -> None:
     anchors = [name for name in ("sdpa_flash", "sdpa_cudnn", "sdpa_default", "triton_twin")
                if any(name in r for r in rows)]  # the ones this run measured
 
-    def worst_median(head_dim, label):
+    # ours: the dispatch (flashext) and, where the run timed it, the portable path alone (flashext_fa2:
+    # the FA2-design kernels forward and backward, what GPUs other than Hopper run)
+    ours = [(name, label) for name, label in (("flashext", ""), ("flashext_fa2", " (FA2-design kernels)"))
+            if any("fwd_bwd_ms" in r.get(name, {}) for r in rows)]
+
+    def worst_median(head_dim, label, mine):
         for name in anchors:
-            values = [r[name][f"{label}_ms"] / r["flashext"][f"{label}_ms"] for r in rows
-                      if r["head_dim"] == head_dim and f"{label}_ms" in r.get(name, {})]
+            values = [r[name][f"{label}_ms"] / r[mine][f"{label}_ms"] for r in rows
+                      if r["head_dim"] == head_dim and f"{label}_ms" in r.get(name, {}) and f"{label}_ms" in r.get(mine, {})]
             yield f"{min(values):.2f}× / {statistics.median(values):.2f}×" if values else "n/a"
 
-    def tflops(head_dim, label):
-        values = [r["flashext"][f"{label}_tflops"] for r in rows if r["head_dim"] == head_dim]
-        return f"{min(values):.0f}-{max(values):.0f}"
+    def tflops(head_dim, label, mine):
+        values = [r[mine][f"{label}_tflops"] for r in rows if r["head_dim"] == head_dim and f"{label}_tflops" in r.get(mine, {})]
+        return f"{min(values):.0f}-{max(values):.0f}" if values else "n/a"
 
     head_dims = sorted({r["head_dim"] for r in rows})
     table(["pass", "head dim", "flashext TFLOP/s"] + [f"vs {name}" for name in anchors],
-          ([label_name, str(d), tflops(d, label), *worst_median(d, label)]
+          ([label_name + suffix, str(d), tflops(d, label, mine), *worst_median(d, label, mine)]
+           for mine, suffix in ours
            for label, label_name in (("fwd_bwd", "forward + backward"), ("bwd", "backward alone"))
            for d in head_dims))
     print("\n(worst / median over fp16 and bf16, causal and not, S = 512 … 16384)")

@@ -35,3 +35,27 @@ def test_ncu_source_opcode_mix():
     (name, rows), = kernels(export)
     assert name == "k1" and len(rows) == 4
     assert opcode_mix(rows) == [("FFMA", 150.0, 6.0), ("MUFU.EX2", 120.0, 30.0)]
+
+
+def test_train_table_reports_the_portable_path(capsys):
+    """The training table gives the dispatch's rows and, where the run timed the FA2-design kernels
+    alone (flashext_fa2), the portable path's rows, each as worst / median time(anchor) / time(ours)."""
+    from benchmarks.readme_tables import train_tables
+
+    def cell(ms):
+        return {"fwd_bwd_ms": ms, "fwd_bwd_tflops": 100.0 / ms, "bwd_ms": ms / 2, "bwd_tflops": 50.0 / ms}
+
+    rows = [{"section": "train", "dtype": "bf16", "head_dim": 64, "causal": causal, "seqlen": s,
+             "flashext": cell(1.0), "flashext_fa2": cell(2.0), "sdpa_cudnn": cell(c)}
+            for causal, s, c in ((False, 1024, 0.9), (True, 1024, 1.1), (False, 2048, 1.0))]
+    meta = {"gpu": "G", "torch": "t", "commit": "abc", "date": "2026-12-04T00:00"}
+    train_tables({"meta": meta, "rows": rows}, summary=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| pass | head dim | flashext TFLOP/s | vs sdpa_cudnn |"
+    assert lines[1:] == ["| forward + backward | 64 | 100-100 | 0.90× / 1.00× |",
+                         "| backward alone | 64 | 50-50 | 0.90× / 1.00× |",
+                         "| forward + backward (FA2-design kernels) | 64 | 50-50 | 0.45× / 0.50× |",
+                         "| backward alone (FA2-design kernels) | 64 | 25-25 | 0.45× / 0.50× |"]
+    rows = [{k: v for k, v in r.items() if k != "flashext_fa2"} for r in rows]  # a run without it: no rows
+    train_tables({"meta": meta, "rows": rows}, summary=True)
+    assert "FA2-design" not in capsys.readouterr().out
