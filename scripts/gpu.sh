@@ -38,7 +38,8 @@
 #   FLASHEXT_PROFILE_CUDNN=1  SDPA's cuDNN backend's kernels beside them (the Hopper path's anchor)
 #   FLASHEXT_PROFILE_DECODE=1  the decode kernels (split and combine) beside cuDNN's instead
 #   FLASHEXT_PROFILE_SHAPES="bf16:256:0:512"  profile's shapes; FLASHEXT_PROFILE_SOURCE=1 adds
-#             per-instruction stall sampling (attention_source.csv)
+#             per-instruction stall sampling (attention_source.csv); FLASHEXT_PROFILE_KERNELS="."
+#             replaces the kernel-name regex (`.`: every launch, e.g. all of cuDNN's backward)
 #
 # Logs go to $OUT/gpu.log (or ./gpu_out when OUT is unset), benchmark JSON and plots to $OUT;
 # a summary of every step is printed last and written to $OUT/summary.txt. FLASHEXT_PACK=1 then
@@ -144,6 +145,7 @@ profile() {  # Nsight Compute on one launch per shape of flashext and SDPA flash
   [ "${FLASHEXT_PROFILE_BWD:-0}" = 1 ] && kernels="flash_bwd_kernel|flash_bwd_sm90|flash_bwd_dq_dk_dv"
   [ "${FLASHEXT_PROFILE_CUDNN:-0}" = 1 ] && kernels="$kernels|cudnn|fprop|dgrad|sdpa|sm90"
   [ "${FLASHEXT_PROFILE_DECODE:-0}" = 1 ] && kernels="flash_decode|cudnn|fprop|sdpa|sm90"
+  kernels=${FLASHEXT_PROFILE_KERNELS:-$kernels}  # (a regex of its own: `.` profiles every launch)
   ncu --clock-control none -k "regex:$kernels" -f -o "$OUT/attention_profile" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
     --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis \
