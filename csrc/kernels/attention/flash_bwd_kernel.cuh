@@ -198,6 +198,15 @@ FX_DEVICE int bwd_key_block(const FlashBwdParams& p, bool ordered) {
   return ordered && p.window_right >= 0 ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
 }
 
+// Deterministic mode: the counter of the query block at m_start, counted in blocks of kRows rows
+// (kBwdCounterRows or a multiple, the kernel's own query block). int math: the counters, one per
+// 64 rows of every query head, number far below 2^31 for any tensor the GPU holds.
+template <int kRows>
+FX_DEVICE int* bwd_dq_counter(const FlashBwdParams& p, const BwdWorkspace& w, int batch, int head, int m_start) {
+  static_assert(kRows % kBwdCounterRows == 0, "the workspace holds a counter per 64 query rows");
+  return w.dq_counters + (batch * p.heads + head) * ((p.seqlen_q + kRows - 1) / kRows) + m_start / kRows;
+}
+
 inline int64_t bwd_counter_count(const FlashBwdParams& p) {
   return p.deterministic ? int64_t(p.batch) * p.heads * ((p.seqlen_q + kBwdCounterRows - 1) / kBwdCounterRows) : 0;
 }
@@ -648,8 +657,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) flash_bwd_kernel(const Fl
       dq_gemm(0);
       // Deterministic: this block adds after the key blocks that see the same query block and come
       // before it in bwd_dq_turn's order, with plain loads and stores through L2.
-      int* counter = w.dq_counters + (int64_t(batch) * p.heads + head) * ((p.seqlen_q + kBlockM - 1) / kBlockM) +
-                     m_start / kBlockM;
+      int* counter = bwd_dq_counter<kBlockM>(p, w, batch, head, m_start);
       if (p.deterministic) {
         if (threadIdx.x == 0) {
           const int turn = bwd_dq_turn<kBlockM, kBlockN>(p, seq.seqlen_k, diag, m_start, n_block);

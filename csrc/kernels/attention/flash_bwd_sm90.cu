@@ -101,7 +101,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = bars + 1 + kStages;  // [kStages]: one arrival per consumer thread
 
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const int key_block = bwd_key_block(p, kGeneral && p.deterministic);
+  const bool ordered = kGeneral && p.deterministic;  // the deterministic dQ: adds in bwd_dq_turn's order
+  const int key_block = bwd_key_block(p, ordered);
   const int kv_head = blockIdx.y, batch = blockIdx.z, n_start = key_block * kBlockN;
   // (varlen: a sequence shorter than the longest has CTAs past its keys: the whole CTA leaves)
   const bool varlen = kGeneral && p.cu_seqlens_q != nullptr;
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::bulk_load(st, w.lse2 + (span.at - span.shift), stats_bytes, &full[stage]);
         sm90::bulk_load(st + C::kStatsSlot, w.dsum + (span.at - span.shift), stats_bytes, &full[stage]);
       }
-    } else if (warp == 1 && kGeneral && p.deterministic) {
+    } else if (warp == 1 && ordered) {
       // The deterministic dQ: each step's tile is added after the key blocks that see its query
       // block and come before this one in bwd_dq_turn's order (flash_bwd_kernel.cuh; with a right
       // edge the grid starts from the last key block, key_block), and counted once complete.
@@ -178,10 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int head = sched.head(it), m_block = sched.m_block(it), m_start = m_block * kBlockM;
         sm90::named_barrier_sync(kBarrierDq, 256 + 32);
         if (lane == 0) {
-          // (int: the counters are a 64th of a query row's elements per head)
-          int* counter = w.dq_counters +
-                         (batch * p.heads + head) * ((p.seqlen_q + kBwdCounterRows - 1) / kBwdCounterRows) +
-                         m_start / kBwdCounterRows;
+          int* counter = bwd_dq_counter<kBwdCounterRows>(p, w, batch, head, m_start);
           const int turn = bwd_dq_turn<kBlockM, kBlockN>(p, seq.seqlen_k, diag, m_start, key_block);
           while (ptx::ld_acquire(counter) != turn) {
           }
@@ -221,7 +219,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // with dK's and dQ's).
   const bool softcap_on = kGeneral && p.softcap > 0.0f;
   const int window_left = kGeneral ? p.window_left : -1;
-  const bool ordered = kGeneral && p.deterministic;
   const float score_scale = (softcap_on ? p.softcap : p.softmax_scale) * kLog2e;
   const float cap_scale = softcap_on ? p.softmax_scale / p.softcap : 0.0f;
 
