@@ -28,7 +28,8 @@
 #             (and rebuilds the default archs after, unless FLASHEXT_PTX_RESTORE=0)
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
-#   TRAIN_GPT_RUNS=3  train_gpt's runs (each eager and compiled, in $OUT/train_gpt_run<i>);
+#   TRAIN_GPT_RUNS=3  train_gpt's runs (each eager and compiled, in $OUT/train_gpt_run<i>; gathered by
+#             benchmarks/train_gpt_runs.py into $OUT/train_gpt_runs.json, the median run copied to $OUT);
 #             profile_train: torch.profiler on the example's training step (host vs GPU time, top kernels)
 #   FLASHEXT_SANITIZE_BINARIES="test_kvcache"  the C++ test binaries sanitize checks (default: all);
 #             FLASHEXT_SANITIZE_PYTEST=0 leaves out its pytest subset; FLASHEXT_RACECHECK_ARGS="--racecheck-report
@@ -233,6 +234,8 @@ train_gpt() {  # the training example, eager and compiled, TRAIN_GPT_RUNS times 
       $PY -m flashext.examples.train_gpt --compile --out "$dir" ${TRAIN_GPT_ARGS:-} | tr '\r' '\n' |
       grep -v "^\S* *\[" || return 1
   done
+  [ "$runs" -gt 1 ] && { $PY benchmarks/train_gpt_runs.py "$OUT" "$OUT"/train_gpt_run* || return 1; }
+  return 0
 }
 
 ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH (space-separated)

@@ -12,9 +12,13 @@ Variants, each trained from the same start:
     flashext       flashext.flash_attention(causal=True) and flashext.bias_gelu
     sdpa_flash     F.scaled_dot_product_attention on its FlashAttention-2 backend and F.gelu(x + b)
     sdpa_default   F.scaled_dot_product_attention with no backend chosen (cuDNN on Hopper)
-Prints tokens per second of each (after warm-up) and the largest gap between flashext's loss
-curve and sdpa_default's, beside the gap between sdpa_flash's and sdpa_default's (the noise of two
-backends of the same math); writes train_gpt_{eager,compiled}.json and .png to --out.
+The variants train interleaved, 10 steps of each in turn (the order rotated every round), so that
+a drift in the host's speed during the run falls on all of them alike: the model is small enough
+for the host's time to issue a step to set the pace. Prints tokens per second of each (after
+warm-up), flashext's ratio to each other variant (over the whole run, and the median and range of
+the per-round ratios), and the largest gap between flashext's loss curve and sdpa_default's, beside
+the gap between sdpa_flash's and sdpa_default's (the noise of two backends of the same math);
+writes train_gpt_{eager,compiled}.json and .png to --out.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import copy
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +41,7 @@ from flashext.examples import git_commit
 
 VOCAB, WIDTH, HEADS, LAYERS, SEQLEN = 512, 512, 8, 4, 1024
 PERIOD = 256  # each sequence repeats its first PERIOD tokens
+CHUNK = 10  # steps of one variant between host syncs, and the unit of the interleaved timing
 VARIANTS = ("flashext", "sdpa_flash", "sdpa_default")
 
 
@@ -105,45 +111,82 @@ def markov_batches(steps: int, batch: int, seed: int, device) -> torch.Tensor:
     return tokens.reshape(steps, batch, SEQLEN + 1).to(device)
 
 
-def progress(label: str, step: int, steps: int, loss: float) -> None:
+def progress(step: int, steps: int, losses: dict[str, float]) -> None:
     width = 30
-    done = width * (step + 1) // steps
-    sys.stdout.write(f"\r{label:13} [{'#' * done}{'.' * (width - done)}] {step + 1}/{steps} loss {loss:.4f}")
-    if step + 1 == steps:
+    done = width * step // steps
+    text = ", ".join(f"{variant} {loss:.4f}" for variant, loss in losses.items())
+    sys.stdout.write(f"\rsteps [{'#' * done}{'.' * (width - done)}] {step}/{steps} loss {text}")
+    if step == steps:
         sys.stdout.write("\n")
     sys.stdout.flush()
 
 
-def train(variant: str, start: dict, data: torch.Tensor, compile_model: bool, warmup: int) -> dict:
-    model = GPT(variant).cuda()
-    model.load_state_dict(start)
-    model.set_variant(variant)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    steps = data.shape[0]
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 30) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-    forward = torch.compile(model) if compile_model else model
-    losses, start_time = [], None
-    for step in range(steps):
-        if step == warmup:
-            torch.cuda.synchronize()
-            start_time = time.perf_counter()
-        tokens = data[step]
+class Trainer:
+    """One variant's model, optimizer and schedule, stepped through the shared batches."""
+
+    def __init__(self, variant: str, start: dict, steps: int, compile_model: bool):
+        self.variant = variant
+        self.model = GPT(variant).cuda()
+        self.model.load_state_dict(start)
+        self.model.set_variant(variant)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: min(1.0, (s + 1) / 30) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+        self.forward = torch.compile(self.model) if compile_model else self.model
+        self.losses: list[torch.Tensor] = []
+        self.timed_s: list[float] = []  # host wall time of each timed chunk of steps
+
+    def step(self, tokens: torch.Tensor) -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = forward(tokens[:, :-1])
+            logits = self.forward(tokens[:, :-1])
         loss = F.cross_entropy(logits.float().view(-1, VOCAB), tokens[:, 1:].reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.detach())
-        if (step + 1) % 10 == 0 or step + 1 == steps:  # a host sync every 10 steps, as a logger would
-            progress(variant, step, steps, losses[-1].item())
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start_time
-    tokens_per_s = (steps - warmup) * data.shape[1] * SEQLEN / elapsed
-    return {"losses": torch.stack(losses).tolist(), "tokens_per_s": tokens_per_s}
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.schedule.step()
+        self.losses.append(loss.detach())
+
+    def run_chunk(self, data: torch.Tensor, first: int, last: int, timed: bool) -> float:
+        """Steps first .. last - 1, then reads the last loss back (the host sync a logger makes)."""
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        for step in range(first, last):
+            self.step(data[step])
+        loss = self.losses[-1].item()
+        if timed:
+            self.timed_s.append(time.perf_counter() - begin)
+        return loss
+
+
+def train(variants: list[str], start: dict, data: torch.Tensor, compile_model: bool, warmup: int,
+          seed: int) -> dict:
+    """Trains every variant on the same batches, interleaved: CHUNK steps of each in turn, the order
+    rotated every round, so that a drift in the host's speed (the example is host-bound) falls on all
+    of them alike instead of on whichever ran last. Each chunk starts from an idle GPU and ends with
+    a host sync, as the loop of one variant with a logger every CHUNK steps does."""
+    steps = data.shape[0]
+    trainers = []
+    for variant in variants:
+        torch.manual_seed(seed)
+        trainers.append(Trainer(variant, copy.deepcopy(start), steps, compile_model))
+    for index, first in enumerate(range(0, steps, CHUNK)):
+        last = min(steps, first + CHUNK)
+        shift = index % len(trainers)
+        losses = {}
+        for trainer in trainers[shift:] + trainers[:shift]:
+            losses[trainer.variant] = trainer.run_chunk(data, first, last, timed=first >= warmup)
+        progress(last, steps, {variant: losses[variant] for variant in variants})
+    results = {}
+    for trainer in trainers:
+        timed_steps = steps - warmup
+        results[trainer.variant] = {
+            "losses": torch.stack(trainer.losses).tolist(),
+            "tokens_per_s": timed_steps * data.shape[1] * SEQLEN / sum(trainer.timed_s),
+            "chunk_ms": [1e3 * t for t in trainer.timed_s],
+        }
+    return results
 
 
 def smooth(values: list[float], window: int = 10) -> list[float]:
@@ -165,11 +208,10 @@ def main(argv=None) -> dict:
     start = GPT("flashext").state_dict()  # one set of initial weights for every variant
     start = {name: t.clone() for name, t in start.items()}
     data = markov_batches(args.steps, args.batch, args.seed, "cuda")
-    warmup = min(20, args.steps // 4)
-    results = {}
-    for variant in args.variants.split(","):
-        torch.manual_seed(args.seed)
-        results[variant] = train(variant, copy.deepcopy(start), data, args.compile, warmup)
+    warmup = CHUNK * max(1, min(2, args.steps // (4 * CHUNK)))
+    if args.steps <= warmup:
+        raise SystemExit(f"train_gpt: --steps must be more than the {warmup} warm-up steps")
+    results = train(args.variants.split(","), start, data, args.compile, warmup, args.seed)
     mode = "compiled" if args.compile else "eager"
     print(f"\n{mode}, {args.steps} steps of {args.batch} x {SEQLEN} tokens on {torch.cuda.get_device_name()}:")
     for variant, r in results.items():
@@ -181,10 +223,16 @@ def main(argv=None) -> dict:
         a, b = smooth(results["flashext"]["losses"]), smooth(results[other]["losses"])
         gap = max(abs(x - y) for x, y in zip(a, b))
         summary["largest_gap"] = {"against": other, "smoothed_loss_gap": gap}
+        summary["flashext_over"] = {}
         for variant in results:
             if variant != "flashext":
                 ratio = results["flashext"]["tokens_per_s"] / results[variant]["tokens_per_s"]
-                print(f"  flashext / {variant}: {ratio:.3f}x tokens/s")
+                rounds = sorted(b / a for a, b in zip(results["flashext"]["chunk_ms"], results[variant]["chunk_ms"]))
+                median = statistics.median(rounds)
+                summary["flashext_over"][variant] = {"tokens_per_s": ratio, "round_median": median,
+                                                     "round_min": rounds[0], "round_max": rounds[-1]}
+                print(f"  flashext / {variant}: {ratio:.3f}x tokens/s (rounds: median {median:.3f}x, "
+                      f"{rounds[0]:.3f}-{rounds[-1]:.3f})")
         print(f"  largest gap between flashext's and {other}'s loss (10-step mean): {gap:.4f}")
         if {"sdpa_flash", "sdpa_default"} <= set(results):  # the noise: two backends of the same math
             noise = max(abs(x - y) for x, y in zip(smooth(results["sdpa_flash"]["losses"]),
