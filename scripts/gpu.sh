@@ -13,7 +13,8 @@
 #             driver), run the GPU test suite on it, then rebuild the default archs
 #   ab        an A/B of attention variants: A is this tree, B (C, ...) a copy built with
 #             FLASHEXT_AB_FLAGS="-DNAME=1" added and/or one patch of FLASHEXT_AB_PATCH="FILE [FILE...]"
-#             applied (patch -p1; FLASHEXT_AB_TESTS="tests/..." runs each variant's tests first;
+#             applied (patch -p1; each built incrementally in this tree, then copied out with its
+#             extension, the tree restored; FLASHEXT_AB_TESTS="tests/..." runs each variant's tests first;
 #             FLASHEXT_AB_OURS / _ANCHOR name the compared column and its anchor);
 #             bench_attention --only ${BENCH_AB_SECTION:-fwd} (fwd, or train for the backward) runs
 #             A B ... A B ... (narrow it with FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to
@@ -245,23 +246,34 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
   local patches=(${FLASHEXT_AB_PATCH:-}) names=(a) dirs=("$ROOT") letters=(b c d e f) i
   [ ${#patches[@]} -eq 0 ] && patches=("")  # flags alone: one variant
   [ ${#patches[@]} -le ${#letters[@]} ] || { echo "ab: at most ${#letters[@]} variants (patches) per run"; return 2; }
-  # The variants build at once (their compiles share the cores; each alone leaves most idle on its
-  # longest file) and test at once (small launches: the GPU is shared, not saturated); a variant
-  # that fails to build or pass its tests is reported and left out of the timings.
+  # The variants build one after the other in this tree (patch, an incremental build: only the
+  # files the patch touches and the link, the patch taken back), each copied out with its own
+  # extension, so that a variant costs its own files' compiles and not a whole build in a fresh
+  # directory; A's extension is put back at the end. A variant that fails to apply, build or pass
+  # its tests is reported and left out of the timings.
   local -A pid=()
-  local dropped=0
+  local dropped=0 so excludes=(--exclude=./build --exclude=./gpu_out)
+  so=flashext/_C$($PY -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+  cp "$so" /tmp/flashext_ab_a.so || return 1
+  case $OUT in "$ROOT"/*) excludes+=("--exclude=./${OUT#"$ROOT"/}") ;; esac
   for i in "${!patches[@]}"; do
-    local name=${letters[$i]} dir=/tmp/flashext_ab_${letters[$i]}
-    rm -rf "$dir" && cp -r "$ROOT" "$dir" || return 1
-    if [ -n "${patches[$i]}" ]; then (cd "$dir" && patch -p1 -s <"$ROOT/${patches[$i]}") || return 1; fi
-    (cd "$dir" && FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} ${FLASHEXT_AB_FLAGS:-}" $PY setup.py build_ext --inplace \
-      >"$OUT/ab_build_$name.log" 2>&1) &
-    pid[$name]=$!
+    local name=${letters[$i]} dir=/tmp/flashext_ab_${letters[$i]} patch=${patches[$i]}
+    pid[$name]=built
+    rm -rf "$dir" && mkdir -p "$dir" || return 1
+    if [ -n "$patch" ] && ! patch -p1 -s --dry-run <"$ROOT/$patch" >"$OUT/ab_build_$name.log" 2>&1; then
+      echo "ab: variant $name ($patch) does not apply:"; tail -5 "$OUT/ab_build_$name.log"; pid[$name]=; dropped=1
+      continue
+    fi
+    [ -z "$patch" ] || patch -p1 -s <"$ROOT/$patch" || return 1
+    FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} ${FLASHEXT_AB_FLAGS:-}" $PY setup.py build_ext --inplace \
+      >>"$OUT/ab_build_$name.log" 2>&1 ||
+      { echo "ab: variant $name ($patch) failed to build:"; tail -20 "$OUT/ab_build_$name.log"; pid[$name]=; dropped=1; }
+    # the variant's tree without the build directory (its extension is in flashext/)
+    [ -z "${pid[$name]}" ] || tar -C "$ROOT" "${excludes[@]}" -cf - . |
+      tar -C "$dir" -xf - || return 1
+    [ -z "$patch" ] || patch -p1 -R -s <"$ROOT/$patch" || return 1
   done
-  for i in "${!patches[@]}"; do
-    local name=${letters[$i]}
-    wait "${pid[$name]}" || { echo "ab: variant $name (${patches[$i]}) failed to build:"; tail -20 "$OUT/ab_build_$name.log"; pid[$name]=; dropped=1; }
-  done
+  cp /tmp/flashext_ab_a.so "$so" || return 1
   echo "ab: variants built at ${SECONDS} s"
   if [ -n "${FLASHEXT_AB_TESTS:-}" ]; then  # each variant's own tests first: a faster wrong kernel is no result
     for i in "${!patches[@]}"; do
