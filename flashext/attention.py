@@ -134,7 +134,7 @@ def flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, ca
                                  k: Tensor | None = None, v: Tensor | None = None, block_table: Tensor | None = None,
                                  causal: bool = False, softmax_scale: float | None = None,
                                  window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, num_splits: int = 0,
-                                 return_lse: bool = False):
+                                 return_lse: bool = False, validate: bool = False):
     """Attention of q (B, Sq, H, D) over each sequence's KV cache, in flash-attn's spirit (decode:
     Sq = 1; speculative or chunked prefill: a few hundred). Definition:
     flashext.reference.attention_with_kvcache.
@@ -146,12 +146,53 @@ def flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, ca
     (causal and windows aligned bottom-right). Masks and options as flash_attention. num_splits:
     how many blocks share a sequence's keys (0: chosen from the shapes and the GPU, never from the
     device-side lengths, so no host sync: CUDA-graph safe). Lengths past the cache's capacity are
-    clamped, and page ids outside the cache are clamped into it: nothing is read or written outside
-    the caches. Not differentiable (inference).
+    clamped (new tokens past it are dropped; a negative length counts as 0), and page ids outside
+    the cache are clamped into it: nothing is read or written outside the caches, whatever the
+    values. validate=True checks them instead, before anything is written, from host copies of
+    cache_seqlens and block_table (a sync, so not under CUDA-graph capture or torch.compile): a
+    length that is negative or, with the new tokens, past the capacity, or a page id of the pages a
+    sequence uses outside [0, num_pages), raises. Not differentiable (inference).
     """
+    if validate and q.device.type != "meta":
+        _validate_kvcache(cache_seqlens, block_table, k_cache, 0 if k is None else k.shape[1])
     out, lse = _ops.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal,
                                             softmax_scale, window_size[0], window_size[1], softcap, num_splits)
     return (out, lse) if return_lse else out
+
+
+def _validate_kvcache(cache_seqlens: Tensor, block_table: Tensor | None, k_cache: Tensor, seqlen_new: int) -> None:
+    """flash_attention_with_kvcache(validate=True)'s checks of the values (the op checks shapes,
+    dtypes and devices; malformed arguments are left to it and its messages)."""
+    fn = "flashext.flash_attention_with_kvcache"
+    if torch.compiler.is_compiling() or (cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        raise RuntimeError(f"{fn}: validate=True copies cache_seqlens and block_table to the host, which neither "
+                           "CUDA-graph capture nor torch.compile can; validate before capturing or compiling")
+    if cache_seqlens.dim() != 1 or k_cache.dim() != 4 or (block_table is not None and (
+            block_table.dim() != 2 or block_table.shape[0] != cache_seqlens.shape[0])):
+        return
+    lengths = cache_seqlens.to("cpu", torch.int64)
+    negative = torch.nonzero(lengths < 0)
+    if len(negative):
+        b = int(negative[0])
+        raise RuntimeError(f"{fn}: argument 'cache_seqlens' holds a negative length ({int(lengths[b])} at [{b}])")
+    page_size = k_cache.shape[1]
+    capacity = page_size if block_table is None else block_table.shape[1] * page_size
+    totals = lengths + seqlen_new
+    over = torch.nonzero(totals > capacity)
+    if len(over):
+        b = int(over[0])
+        raise RuntimeError(f"{fn}: cache_seqlens[{b}] = {int(lengths[b])} plus {seqlen_new} new tokens is past the "
+                           f"cache's capacity of {capacity} tokens per sequence")
+    if block_table is None:
+        return
+    table = block_table.to("cpu", torch.int64)
+    num_pages = k_cache.shape[0]
+    used = torch.arange(table.shape[1])[None, :] < ((totals + page_size - 1) // page_size)[:, None]
+    bad = torch.nonzero(used & ((table < 0) | (table >= num_pages)))
+    if len(bad):
+        b, j = (int(i) for i in bad[0])
+        raise RuntimeError(f"{fn}: argument 'block_table' has page id {int(table[b, j])} at [{b}, {j}], outside the "
+                           f"cache's {num_pages} pages")
 
 
 def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, block_size: tuple[int, int],

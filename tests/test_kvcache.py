@@ -2,7 +2,8 @@
 dense and paged caches (page sizes 1 … 257, shuffled tables), appended tokens across page
 boundaries, cache lengths 0, 1 and page boundaries ± 1, GQA 1 … 32, Sq from 1 (decode) to 128,
 every split count equal to unsplit within the rule, masks and options, CUDA graphs, opcheck,
-torch.compile; bad input on meta and CUDA."""
+torch.compile; lengths past the capacity and page ids outside the cache (the caches inside guard
+regions that must come back bitwise), validate=True's refusals; bad input on meta and CUDA."""
 
 import pytest
 import torch
@@ -119,28 +120,45 @@ def test_decode_shaped_options_and_head_dims(head_dim, kwargs):
 
 
 @requires_cuda
-def test_cuda_graph_one_capture_serves_every_length():
+@pytest.mark.parametrize("paged_cache", [False, True])
+def test_cuda_graph_one_capture_serves_every_length(paged_cache):
+    # One capture, replayed with fresh lengths, queries, new tokens and (paged) a fresh page table
+    # each time: every replay's output and in-place appends are the reference's for its values.
     q = randn(8, 1, 32, 128, dtype=torch.bfloat16)
     kc, vc = (randn(8, 2048, 8, 128, dtype=torch.bfloat16) for _ in range(2))
     kn, vn = (randn(8, 1, 8, 128, dtype=torch.bfloat16) for _ in range(2))
     lens = torch.tensor([3, 100, 500, 1000, 1500, 1900, 2000, 2046], dtype=torch.int32, device="cuda")
-    static = [t.clone() for t in (q, kn, vn, lens)]
+    table = None
+    if paged_cache:
+        kc, table = paged(kc, 16, torch.Generator().manual_seed(7))
+        vc = torch.randn_like(kc)  # (any values: every replay reads both through its own table)
+    static = [t.clone() for t in (q, kn, vn, lens)] + [None if table is None else table.clone()]
     caches = [kc.clone(), vc.clone()]
-    flashext.flash_attention_with_kvcache(static[0], *caches, static[3], static[1], static[2])  # warm up
+
+    def call():
+        return flashext.flash_attention_with_kvcache(static[0], *caches, static[3], static[1], static[2],
+                                                     block_table=static[4])
+
+    call()  # warm up
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = flashext.flash_attention_with_kvcache(static[0], *caches, static[3], static[1], static[2])
+        out = call()
     for step in range(3):
         fresh_lens = torch.randint(0, 2047, (8,), dtype=torch.int32, device="cuda")
         static[3].copy_(fresh_lens)
         static[0].copy_(randn(8, 1, 32, 128, dtype=torch.bfloat16))
+        static[1].copy_(randn(8, 1, 8, 128, dtype=torch.bfloat16))
+        static[2].copy_(randn(8, 1, 8, 128, dtype=torch.bfloat16))
+        if paged_cache:
+            static[4].copy_(torch.randperm(kc.shape[0], device="cuda")[: table.numel()].view_as(table).int())
         before = [c.clone() for c in caches]
         graph.replay()
         want_k, want_v = before
-        want = ref.attention_with_kvcache(static[0], want_k, want_v, fresh_lens, static[1], static[2])
+        want = ref.attention_with_kvcache(static[0], want_k, want_v, fresh_lens, static[1], static[2], static[4])
         base = ref.attention_with_kvcache(static[0], before[0].clone(), before[1].clone(), fresh_lens, static[1],
-                                          static[2], compute_dtype=torch.bfloat16)
+                                          static[2], static[4], compute_dtype=torch.bfloat16)
         assert_close(f"graph replay {step}", out, want, base)
+        assert torch.equal(caches[0], want_k) and torch.equal(caches[1], want_v), f"graph replay {step}'s appends"
 
 
 @requires_cuda
@@ -163,26 +181,115 @@ def test_opcheck_and_compile():
     compiled = torch.compile(lambda q, kc, vc, lens: flashext.flash_attention_with_kvcache(q, kc, vc, lens) * 2,
                              fullgraph=True)
     torch.testing.assert_close(compiled(q, kc, vc, lens), flashext.flash_attention_with_kvcache(q, kc, vc, lens) * 2)
+    # the mutating form: new tokens appended into a paged cache
+    pages, table = paged(kc, 16, torch.Generator().manual_seed(3))
+    pages_v = torch.randn_like(pages)
+    kn, vn = (randn(2, 3, 2, 64, dtype=torch.float16) for _ in range(2))
+    torch.library.opcheck(torch.ops.flashext.flash_attn_with_kvcache.default,
+                          (q, pages.clone(), pages_v.clone(), lens, kn, vn, table),
+                          test_utils=("test_schema", "test_faketensor"))
+    step = torch.compile(lambda q, kc, vc, lens, kn, vn, table: flashext.flash_attention_with_kvcache(
+        q, kc, vc, lens, kn, vn, block_table=table, causal=True), fullgraph=True)
+    eager_k, eager_v, compiled_k, compiled_v = pages.clone(), pages_v.clone(), pages.clone(), pages_v.clone()
+    want = flashext.flash_attention_with_kvcache(q, eager_k, eager_v, lens, kn, vn, block_table=table, causal=True)
+    torch.testing.assert_close(step(q, compiled_k, compiled_v, lens, kn, vn, table), want, rtol=0, atol=0)
+    assert torch.equal(compiled_k, eager_k) and torch.equal(compiled_v, eager_v), "the compiled call's appends"
+
+
+def guarded(shape, dtype, guard=4096):
+    """A tensor of `shape` in the middle of a larger buffer of random values: (buffer, view)."""
+    numel = torch.Size(shape).numel()
+    buffer = randn(numel + 2 * guard, dtype=dtype)
+    return buffer, buffer[guard:guard + numel].view(shape)
 
 
 @requires_cuda
-def test_lengths_past_capacity_and_bad_pages_stay_inside_the_cache():
-    # guard: the caches are views into the middle of larger buffers whose edges must stay untouched
-    big_k = torch.zeros(3 * 64 * 2 * 64 + 2 * 4096, dtype=torch.float16, device="cuda")
-    kc = big_k[4096:4096 + 3 * 64 * 2 * 64].view(3, 64, 2, 64)
-    kc.copy_(randn(3, 64, 2, 64, dtype=torch.float16))
-    vc = randn(3, 64, 2, 64, dtype=torch.float16)
-    lens = torch.tensor([60, 64, 5000], dtype=torch.int32, device="cuda")  # past the capacity of 64
-    kn, vn = (randn(3, 8, 2, 64, dtype=torch.float16) for _ in range(2))
-    q = randn(3, 1, 4, 64, dtype=torch.float16)
-    out = flashext.flash_attention_with_kvcache(q, kc, vc, lens, kn, vn)
+@pytest.mark.parametrize("paged", [False, True])
+def test_lengths_past_capacity_stay_inside_the_cache(paged):
+    # Lengths past the capacity (64 tokens per sequence), at it, just under it with more new tokens
+    # than fit, and negative: the appends are clamped (new tokens past the end dropped, a negative
+    # length counted as 0), the caches' buffers change bitwise only where those appends land (the
+    # guard regions around both caches and every other row stay), and the output is the reference's
+    # over what the caches then hold.
+    lens = torch.tensor([60, 64, 5000, -3, 2], dtype=torch.int32, device="cuda")
+    batch, new, page_size = 5, 8, 16
+    if paged:
+        table = torch.randperm(batch * 4 + 3, device="cuda")[: batch * 4].view(batch, 4).int()
+        shape = (batch * 4 + 3, page_size, 2, 64)
+    else:
+        table, shape = None, (batch, 64, 2, 64)
+    (big_k, kc), (big_v, vc) = guarded(shape, torch.float16), guarded(shape, torch.float16)
+    want_k, want_v = big_k.clone(), big_v.clone()
+    wk, wv = want_k[4096:-4096].view(shape), want_v[4096:-4096].view(shape)
+    kn, vn = (randn(batch, new, 2, 64, dtype=torch.float16) for _ in range(2))
+    for b in range(batch):
+        start = max(int(lens[b]), 0)
+        for t in range(max(0, min(new, 64 - start))):
+            pos = start + t
+            where = (int(table[b, pos // page_size]), pos % page_size) if paged else (b, pos)
+            wk[where], wv[where] = kn[b, t], vn[b, t]
+    q = randn(batch, 2, 4, 64, dtype=torch.float16)
+    out = flashext.flash_attention_with_kvcache(q, kc, vc, lens, kn, vn, block_table=table, causal=True)
+    assert torch.equal(big_k, want_k) and torch.equal(big_v, want_v), "writes outside the clamped appends"
+    held = (lens.clamp(min=0) + new).clamp(max=64).int()  # what each sequence attends after the call
+    want = ref.attention_with_kvcache(q, kc, vc, held, block_table=table, causal=True)
+    base = ref.attention_with_kvcache(q, kc, vc, held, block_table=table, causal=True, compute_dtype=q.dtype)
+    assert_close("kvcache past capacity", out, want, base)
+
+
+@requires_cuda
+def test_page_ids_outside_the_cache_stay_inside_it():
+    # Page ids below 0 and past the last page are clamped into the cache (to pages 0 and 11): the
+    # appends land there, the guard regions around both caches stay bitwise, and nothing is NaN.
+    table = torch.tensor([[0, 999, 3], [-5, 1, 2]], dtype=torch.int32, device="cuda")
+    (big_k, kc), (big_v, vc) = guarded((12, 16, 2, 64), torch.float16), guarded((12, 16, 2, 64), torch.float16)
+    guards = [t[:4096].clone() for t in (big_k, big_v)] + [t[-4096:].clone() for t in (big_k, big_v)]
+    lens = torch.tensor([14, 30], dtype=torch.int32, device="cuda")
+    kn, vn = (randn(2, 4, 2, 64, dtype=torch.float16) for _ in range(2))
+    q = randn(2, 1, 4, 64, dtype=torch.float16)
+    out = flashext.flash_attention_with_kvcache(q, kc, vc, lens, kn, vn, block_table=table)
     assert torch.isfinite(out).all()
-    assert (big_k[:4096] == 0).all() and (big_k[-4096:] == 0).all()
-    table = torch.tensor([[0, 999], [-5, 1]], dtype=torch.int32, device="cuda")  # ids outside the 4 pages
-    pages = randn(4, 16, 2, 64, dtype=torch.float16)
-    out = flashext.flash_attention_with_kvcache(q[:2], pages, pages.clone(), lens[:2].clamp(max=32), kn[:2], vn[:2],
-                                                block_table=table)
-    assert torch.isfinite(out).all()
+    after = [t[:4096] for t in (big_k, big_v)] + [t[-4096:] for t in (big_k, big_v)]
+    assert all(torch.equal(a, g) for a, g in zip(after, guards)), "a write outside the cache"
+    # sequence 0's tokens 16 and 17 are in page 999 -> 11 (slots 0, 1), sequence 1's 30-33 in pages 1 and 2
+    assert torch.equal(kc[11, :2], kn[0, 2:]) and torch.equal(vc[2, :2], vn[1, 2:])
+
+
+def test_validate_refuses_lengths_and_page_ids_before_any_write():
+    # validate=True: host-side checks before the op (CPU tensors here: the checks come first; on the
+    # GPU the same calls raise the same words, test below)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.zeros(2, 1, 4, 64, dtype=torch.float16, device=dev)
+    pages = torch.zeros(12, 16, 2, 64, dtype=torch.float16, device=dev)
+    table = torch.arange(8, dtype=torch.int32, device=dev).view(2, 4)
+    fn = r"flashext.flash_attention_with_kvcache: "
+
+    def call(lens, table=table, cache=pages, new=0):
+        kv = {} if not new else {"k": pages.new_zeros(2, new, 2, 64), "v": pages.new_zeros(2, new, 2, 64)}
+        lens = torch.tensor(lens, dtype=torch.int32, device=dev)
+        return flashext.flash_attention_with_kvcache(q, cache, cache, lens, block_table=table, validate=True, **kv)
+
+    with pytest.raises(RuntimeError, match=fn + r"argument 'cache_seqlens' holds a negative length \(-1 at \[1\]\)"):
+        call([3, -1])
+    with pytest.raises(RuntimeError, match=fn + r"cache_seqlens\[0\] = 62 plus 3 new tokens is past the cache's "
+                       r"capacity of 64 tokens per sequence"):
+        call([62, 0], new=3)
+    bad = table.clone()
+    bad[1, 2] = 12
+    with pytest.raises(RuntimeError, match=fn + r"argument 'block_table' has page id 12 at \[1, 2\], outside the "
+                       r"cache's 12 pages"):
+        call([3, 40], table=bad)
+    dense = torch.zeros(2, 32, 2, 64, dtype=torch.float16, device=dev)
+    with pytest.raises(RuntimeError, match=fn + r"cache_seqlens\[1\] = 33 plus 0 new tokens"):
+        call([0, 33], table=None, cache=dense)
+    if dev == "cuda":  # valid values pass, and page ids past the pages a sequence uses are not looked at
+        bad[1, 2] = 4
+        bad[0, 3] = -7
+        lens = torch.tensor([3, 40], dtype=torch.int32, device=dev)
+        pages.normal_()
+        q.normal_()
+        got = flashext.flash_attention_with_kvcache(q, pages, pages, lens, block_table=bad, validate=True)
+        assert torch.equal(got, flashext.flash_attention_with_kvcache(q, pages, pages, lens, block_table=bad))
 
 
 @pytest.mark.parametrize("device", CHECK_DEVICES)

@@ -115,9 +115,16 @@ def test_merge_views_packed_and_graphs():
     lse_t = randn(2, 30, 4).transpose(1, 2)
     unaligned = torch.empty(2 * 30 * 4 * 64 + 3, dtype=torch.bfloat16, device="cuda")[3:].view(2, 30, 4, 64)
     unaligned.copy_(randn(2, 30, 4, 64, dtype=torch.bfloat16))
-    o, lse = flashext.merge_attention_states(wide[:, :, ::2], lse_t, unaligned, randn(2, 4, 30))
-    assert o.shape == (2, 30, 4, 64) and torch.isfinite(o).all()
+    lse_u = randn(2, 4, 30)
+    o, lse = flashext.merge_attention_states(wide[:, :, ::2], lse_t, unaligned, lse_u)
+    want, want_lse = ref.merge_attention_states(wide[:, :, ::2], lse_t, unaligned, lse_u)
+    assert o.shape == (2, 30, 4, 64) and o.is_contiguous()
+    torch.testing.assert_close(o.double(), want, rtol=1e-2, atol=1e-2)  # bf16 output
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
     torch.library.opcheck(torch.ops.flashext.merge_attention_states.default, (o_a, lse_a, o_b, lse_b))
+    compiled = torch.compile(lambda *a: flashext.merge_attention_states(*a)[0] * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(o_a, lse_a, o_b, lse_b),
+                               flashext.merge_attention_states(o_a, lse_a, o_b, lse_b)[0] * 2, rtol=0, atol=0)
     graph = torch.cuda.CUDAGraph()
     flashext.merge_attention_states(o_a, lse_a, o_b, lse_b)
     with torch.cuda.graph(graph):
