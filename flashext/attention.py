@@ -26,18 +26,26 @@ def _deterministic(deterministic: bool) -> bool:
     return deterministic or torch.are_deterministic_algorithms_enabled()
 
 
-def use_hopper_kernels(enabled: bool = True) -> bool:
-    """Allow (the default) or forbid the Hopper (sm_90a) attention kernels where they apply (on an
-    H100/H200 with a build holding sm_90a code: today the forward at head dim 128 and 256, and at 64
-    from 512 keys; the backward at head dim 64 and 128, dense or varlen).
-    Forbidden, every call runs the portable FA2-design kernels, as on other GPUs: to compare the
-    two, or as a fallback. Process-wide and read as each call runs (under torch.compile too; a
-    captured CUDA graph keeps the kernels of its capture). Returns the previous setting. The
-    environment variable FLASHEXT_HOPPER=0 starts with them forbidden."""
+_HOPPER_MODES = (False, True, "always")  # flashext::HopperKernels: kOff, kWhereFaster, kAlways
+
+
+def use_hopper_kernels(enabled: bool | str = True) -> bool | str:
+    """Allow (True, the default) or forbid (False) the Hopper (sm_90a) attention kernels where they
+    apply (on an H100/H200 with a build holding sm_90a code: the forward at head dim 128 and 256,
+    and at 64 from 512 keys, where it is the faster; the backward at head dim 64 and 128, dense or
+    varlen). Forbidden, every call runs the portable FA2-design kernels, as on other GPUs: to
+    compare the two, or as a fallback. "always": the Hopper kernels serve every call they can take,
+    also where the portable ones are faster (the forward at D = 64 under 512 keys): to test them on
+    every shape. Process-wide and read as each call runs (under torch.compile too; a captured CUDA
+    graph keeps the kernels of its capture). Returns the previous setting. The environment
+    variable FLASHEXT_HOPPER=0 (or =always) sets the starting value."""
     from . import _build
 
+    if isinstance(enabled, str) and enabled != "always" or enabled not in _HOPPER_MODES:
+        raise ValueError(f"use_hopper_kernels: enabled must be True, False or 'always', got {enabled!r}")
     _build.require_extension()
-    return bool(_build._C.set_hopper_kernels(bool(enabled)))
+    mode = 2 if enabled == "always" else int(bool(enabled))
+    return _HOPPER_MODES[_build._C.set_hopper_kernels(mode)]
 
 
 def _hopper_forward_available() -> bool:

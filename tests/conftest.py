@@ -25,14 +25,15 @@ def _attention_kernel_paths() -> list[str]:
 @pytest.fixture(params=_attention_kernel_paths())
 def kernel_path(request):
     """Runs a test on every attention kernel path this machine has: on an H100/H200 (with sm_90a
-    code) the Hopper kernels and the portable ones (flashext.use_hopper_kernels(False)), the same
-    tests against both; elsewhere the one path there is."""
+    code) the Hopper kernels wherever they can take the call (use_hopper_kernels("always"): also the
+    short D = 64 calls the default leaves to the portable kernels) and the portable ones
+    (use_hopper_kernels(False)), the same tests against both; elsewhere the one path there is."""
     if request.param == "default":
         yield request.param
         return
     import flashext
 
-    previous = flashext.use_hopper_kernels(request.param == "hopper")
+    previous = flashext.use_hopper_kernels("always" if request.param == "hopper" else False)
     try:
         yield request.param
     finally:

@@ -76,3 +76,12 @@ def cu_seqlens(lengths, device="cuda") -> torch.Tensor:
     for length in lengths:
         offsets.append(offsets[-1] + length)
     return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def kernel_names(fn) -> str:
+    """The names of the CUDA kernels fn launches, space-separated; flashext's are in namespace
+    flashext::attention_detail, PyTorch's FlashAttention-2 in pytorch_flash."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return " ".join(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)

@@ -11,7 +11,7 @@ import flashext
 from flashext import reference as ref
 from flashext.testing import assert_close, poison_cache
 from tests.helpers import CHECK_DEVICES, HALF_DTYPES as DTYPES, HALF_IDS as DTYPE_IDS, at_offset, check_attention
-from tests.helpers import cu_seqlens, make_qkv, randn, requires_cuda
+from tests.helpers import cu_seqlens, kernel_names, make_qkv, randn, requires_cuda
 
 SEQLENS = [(1, 1), (1, 300), (113, 203), (128, 217), (255, 1), (512, 256), (1023, 1024), (2048, 2048)]
 make, check = make_qkv, check_attention
@@ -28,6 +28,35 @@ pytestmark = pytest.mark.usefixtures("kernel_path")  # on Hopper: each test on b
 def test_seqlens_batches_gqa(dtype, causal, seqlen_q, seqlen_k):
     for batch, heads_kv in ((1, 6), (3, 3), (3, 2), (1, 1)):
         check(*make(batch, seqlen_q, seqlen_k, 6, heads_kv, 128, dtype), causal=causal)
+
+
+@requires_cuda
+@pytest.mark.parametrize("head_dim, seqlen", [(64, 200), (64, 1024), (128, 300), (256, 100), (80, 300)])
+def test_each_path_runs_its_own_kernels(kernel_path, head_dim, seqlen):
+    # The fixture's "hopper" reaches the Hopper forward at every head dim it is compiled for, also
+    # where the default would not (D = 64 under 512 keys), and the Hopper backward at D = 64 and 128;
+    # "portable" never runs a Hopper kernel. Dense and varlen.
+    q, k, v = (t.requires_grad_() for t in make(2, seqlen, seqlen, 4, 2, head_dim, torch.bfloat16))
+    lengths = cu_seqlens([seqlen - 5, seqlen + 5])
+
+    def dense():
+        out = flashext.flash_attention(q, k, v, causal=True)
+        out.backward(torch.randn_like(out))
+
+    def varlen():
+        flat = [t.detach().flatten(0, 1).requires_grad_() for t in (q, k, v)]
+        out = flashext.flash_attention_varlen(*flat, lengths, lengths, seqlen + 5, seqlen + 5, causal=True)
+        out.backward(torch.randn_like(out))
+
+    for run in (dense, varlen):
+        names = kernel_names(run)
+        forward, backward = "flash_fwd_sm90_kernel" in names, "flash_bwd_sm90_kernel" in names
+        if kernel_path == "hopper":
+            assert forward == (head_dim in (64, 128, 256)), names[:400]
+            assert backward == (head_dim in (64, 128)), names[:400]
+        else:
+            assert not forward and not backward, names[:400]
+            assert "flash_fwd_kernel" in names and "flash_bwd_kernel" in names, names[:400]
 
 
 @requires_cuda
@@ -432,7 +461,13 @@ def test_use_hopper_kernels_round_trips():
     before = flashext.use_hopper_kernels(False)
     try:
         assert flashext.use_hopper_kernels(True) is False
+        assert flashext.use_hopper_kernels("always") is True
+        assert flashext.use_hopper_kernels(True) == "always"
         assert flashext.use_hopper_kernels(True) is True
+        for bad in ("yes", 2, None):
+            with pytest.raises(ValueError, match="use_hopper_kernels: enabled"):
+                flashext.use_hopper_kernels(bad)
+        assert flashext.use_hopper_kernels(True) is True  # a refused value changed nothing
     finally:
         flashext.use_hopper_kernels(before)
 

@@ -156,3 +156,24 @@ def test_backward_meta_shapes():
     lse = torch.empty(2, 4, 33, device="meta")
     dq, dk, dv = attention._flash_attention_backward_sm90(torch.empty_like(q), q, k, v, out, lse, causal=True)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and dq.device.type == "meta"
+
+
+@requires_hopper
+@pytest.mark.parametrize("mode", [True, "always"])
+def test_dispatch_by_head_dim_and_length(mode):
+    # flash_attention's forward: by default the Hopper kernel at D = 128 and 256 at every length and
+    # at D = 64 from 512 keys (where it is the faster), the FA2-design kernel elsewhere; "always"
+    # takes D = 64 at every length too. Other head dims stay on the FA2-design kernels.
+    from tests.helpers import kernel_names
+
+    previous = flashext.use_hopper_kernels(mode)
+    try:
+        for head_dim, seqlen_k, default in ((64, 511, False), (64, 512, True), (128, 33, True), (256, 33, True),
+                                            (96, 1024, False)):
+            q, k, v = make_qkv(1, 64, seqlen_k, 2, 2, head_dim, torch.bfloat16)
+            names = kernel_names(lambda: flashext.flash_attention(q, k, v))
+            hopper = default or (mode == "always" and head_dim == 64)
+            assert ("flash_fwd_sm90_kernel" in names) == hopper, (head_dim, seqlen_k, names[:300])
+            assert ("flash_fwd_kernel" in names) == (not hopper), (head_dim, seqlen_k, names[:300])
+    finally:
+        flashext.use_hopper_kernels(previous)

@@ -15,7 +15,7 @@ import flashext
 from flashext import reference as ref
 from flashext.integrations import sdpa
 from flashext.testing import GRADIENT_FACTOR, assert_close
-from tests.helpers import HALF_DTYPES, HALF_IDS, randn, requires_cuda
+from tests.helpers import HALF_DTYPES, HALF_IDS, kernel_names, randn, requires_cuda
 
 attention = torch.nn.attention
 requires_registry = pytest.mark.skipif(not hasattr(attention, "register_flash_attention_impl"),
@@ -83,15 +83,6 @@ def sdpa_grads(q, k, v, dout, **kwargs):
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         out = F.scaled_dot_product_attention(q, k, v, **kwargs)
     return (out, *torch.autograd.grad(out, (q, k, v), dout))
-
-
-def kernel_names(fn):
-    """The CUDA kernels fn launches; flashext's are in namespace flashext::attention_detail, PyTorch's
-    FlashAttention-2 in pytorch_flash."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return " ".join(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 OURS = "attention_detail::flash"

@@ -204,12 +204,14 @@ flashext::FlashFwdParams attention_params(const at::Tensor& q, const at::Tensor&
   return p;
 }
 
-// Where the Hopper forward beats the FA2-design one on the H200 (bench_attention, 227d902 and
-// the A/B at 480322e): at D = 128 and 256 at every length, at D = 64 from 512 keys (without a
-// mask 1.2x at 512; causal, on 128-row blocks, 1.05x at 512, 1.14x at 1K). Shorter D = 64 calls
-// and windowed calls take the same thresholds, unmeasured.
-bool hopper_forward_wins(int head_dim, int seqlen_k) {
-  return head_dim == 128 || head_dim == 256 || (head_dim == 64 && seqlen_k >= 512);
+// Whether the Hopper forward serves a call of this head dim and key count (its kernels are compiled
+// for D = 64, 128 and 256): where it beats the FA2-design one on the H200 (bench_attention, 227d902
+// and the A/B at 480322e), at D = 128 and 256 at every length, at D = 64 from 512 keys (without a
+// mask 1.2x at 512; causal, on 128-row blocks, 1.05x at 512, 1.14x at 1K; shorter D = 64 calls and
+// windowed calls take the same thresholds, unmeasured); at every length in HopperKernels::kAlways.
+bool hopper_forward_serves(int head_dim, int seqlen_k) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return false;
+  return head_dim != 64 || seqlen_k >= 512 || flashext::hopper_kernels() == flashext::HopperKernels::kAlways;
 }
 
 // Whether the Hopper kernels may take a call whose TMA maps read these tensors: an sm_90 GPU with
@@ -224,13 +226,13 @@ bool hopper_kernels_take(std::initializer_list<std::reference_wrapper<const at::
   return flashext::hopper_kernels_enabled() && flashext::flash_fwd_sm90_supported(major, minor);
 }
 
-// The forward of a dense or varlen call: the Hopper kernel where hopper_forward_wins, there are
+// The forward of a dense or varlen call: the Hopper kernel where hopper_forward_serves, there are
 // keys and hopper_kernels_take the inputs; else the FA2-design kernel.
 cudaError_t run_forward(const flashext::FlashFwdParams& p, const at::Tensor& q, const at::Tensor& k,
                         const at::Tensor& v) {
   const bool keys = p.seqlen_k > 0 && (p.cu_seqlens_q == nullptr || (p.total_q > 0 && p.total_k > 0));
   const bool hopper =
-      hopper_forward_wins(p.head_dim, p.seqlen_k) && keys && hopper_kernels_take({q, k, v});
+      hopper_forward_serves(p.head_dim, p.seqlen_k) && keys && hopper_kernels_take({q, k, v});
   return hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));
 }
 
@@ -295,7 +297,7 @@ void check_hopper_call(const char* fn, const at::Tensor& q, const at::Tensor& k,
 }
 
 // The Hopper forward by itself (flash_fwd_sm90.h), for its tests and the benchmark at every head dim
-// it takes (flash_attention dispatches to it where hopper_forward_wins). Dense, on an sm_90 GPU with
+// it takes (flash_attention dispatches to it where hopper_forward_serves). Dense, on an sm_90 GPU with
 // a build holding sm_90a code; q, k, v get the TMA's alignment (16-byte rows) by a copy.
 std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, const at::Tensor& k_in,
                                                        const at::Tensor& v_in, bool causal,

@@ -25,15 +25,20 @@ PyObject* bwd_smem_bytes(PyObject*, PyObject* args) {
   return PyLong_FromLong(flashext::flash_bwd_smem_bytes(head_dim, budget));
 }
 
-// _C.set_hopper_kernels(enabled) -> bool: allow or forbid the Hopper kernels (flashext/common.h);
-// returns the previous setting. _C.hopper_kernels() -> bool: the setting.
+// _C.set_hopper_kernels(mode) -> int: which calls the Hopper kernels serve, 0 none, 1 where they
+// are faster, 2 every call they can take (flashext/common.h); returns the previous mode.
+// _C.hopper_kernels() -> int: the mode.
 PyObject* set_hopper_kernels(PyObject*, PyObject* args) {
-  int enabled = 1;
-  if (!PyArg_ParseTuple(args, "p", &enabled)) return nullptr;
-  return PyBool_FromLong(flashext::set_hopper_kernels_enabled(enabled != 0));
+  int mode = 1;
+  if (!PyArg_ParseTuple(args, "i", &mode)) return nullptr;
+  if (mode < 0 || mode > 2) {
+    PyErr_SetString(PyExc_ValueError, "set_hopper_kernels: mode must be 0, 1 or 2");
+    return nullptr;
+  }
+  return PyLong_FromLong(int(flashext::set_hopper_kernels(flashext::HopperKernels(mode))));
 }
 
-PyObject* hopper_kernels(PyObject*, PyObject*) { return PyBool_FromLong(flashext::hopper_kernels_enabled()); }
+PyObject* hopper_kernels(PyObject*, PyObject*) { return PyLong_FromLong(int(flashext::hopper_kernels())); }
 
 PyMethodDef flashext_methods[] = {
     {"arch_supported", arch_supported, METH_VARARGS,
@@ -42,8 +47,9 @@ PyMethodDef flashext_methods[] = {
      "bwd_smem_bytes(head_dim, max_smem_per_block) -> int: shared memory the attention backward needs "
      "there (0: no tiles fit)"},
     {"set_hopper_kernels", set_hopper_kernels, METH_VARARGS,
-     "set_hopper_kernels(enabled) -> bool: allow or forbid the Hopper kernels; the previous setting"},
-    {"hopper_kernels", hopper_kernels, METH_NOARGS, "hopper_kernels() -> bool: whether the Hopper kernels may run"},
+     "set_hopper_kernels(mode) -> int: which calls the Hopper kernels serve (0 none, 1 where faster, 2 all "
+     "they can take); the previous mode"},
+    {"hopper_kernels", hopper_kernels, METH_NOARGS, "hopper_kernels() -> int: the mode set_hopper_kernels sets"},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -174,6 +174,28 @@ TEST(FlashFwd, HeadDimMapping) {
   EXPECT_EQ(flashext::run_flash_fwd(bad, nullptr), cudaErrorInvalidValue);
 }
 
+// The Hopper forward's refusals and no-op calls, decided before any launch (no GPU needed); its
+// dispatch (which calls reach it) is the torch glue's and tested from Python.
+TEST(FlashFwd, Sm90RefusesWhatItHasNoKernelFor) {
+  flashext::FlashFwdParams p;
+  p.batch = 1, p.heads = 4, p.heads_kv = 2, p.head_dim = 96, p.seqlen_q = 10, p.seqlen_k = 10;
+  EXPECT_EQ(flashext::run_flash_fwd_sm90(p, nullptr), cudaErrorInvalidValue);  // compiled for 64, 128, 256
+  p.head_dim = 128;
+  p.heads_kv = 3;
+  EXPECT_EQ(flashext::run_flash_fwd_sm90(p, nullptr), cudaErrorInvalidValue);  // H % Hkv != 0
+  p.heads_kv = 2;
+  static int32_t cu[2] = {0, 10};
+  p.cu_seqlens_q = cu;  // varlen needs both offsets
+  EXPECT_EQ(flashext::run_flash_fwd_sm90(p, nullptr), cudaErrorInvalidValue);
+  p.cu_seqlens_q = nullptr;
+  p.seqlen_k = 0;  // keys are needed (the glue sends key-less calls to the FA2-design kernel)
+  EXPECT_EQ(flashext::run_flash_fwd_sm90(p, nullptr), cudaErrorInvalidValue);
+  p.seqlen_q = 0;  // no query rows: nothing to do
+  EXPECT_EQ(flashext::run_flash_fwd_sm90(p, nullptr), cudaSuccess);
+  EXPECT_FALSE(flashext::flash_fwd_sm90_supported(8, 0));
+  EXPECT_FALSE(flashext::flash_fwd_sm90_supported(10, 0));  // sm_90a code runs on exactly 9.0
+}
+
 // ---- GPU: the kernel against a CPU reference -------------------------------------------------
 
 struct Case {

@@ -399,4 +399,47 @@ TEST(FlashBwd, ParamsAreChecked) {
   EXPECT_EQ(flashext::flash_bwd_smem_bytes(60, 227 * 1024), 0);  // no kernel for head dim 60
 }
 
+// Which calls the Hopper backward takes (host side, no GPU needed: the pointers are never read):
+// D = 64 or 128, 16-byte aligned tensors with strides in multiples of 8 elements (its TMA maps),
+// the forward's lse, no block mask, keys and queries present.
+TEST(FlashBwd, Sm90TakesWhatItsMapsCanRead) {
+  alignas(16) static char memory[7][64];
+  flashext::FlashBwdParams p;
+  p.batch = 2, p.heads = 4, p.heads_kv = 2, p.head_dim = 128, p.seqlen_q = 100, p.seqlen_k = 60;
+  p.q = memory[0], p.k = memory[1], p.v = memory[2], p.dout = memory[3], p.dk = memory[4], p.dv = memory[5];
+  p.lse = reinterpret_cast<float*>(memory[6]);
+  for (int64_t* s : {&p.q_head_stride, &p.k_head_stride, &p.v_head_stride, &p.do_head_stride, &p.dk_head_stride,
+                     &p.dv_head_stride}) {
+    *s = 128;
+  }
+  p.q_row_stride = p.do_row_stride = 4 * 128, p.q_batch_stride = p.do_batch_stride = 100 * 4 * 128;
+  p.k_row_stride = p.v_row_stride = p.dk_row_stride = p.dv_row_stride = 2 * 128;
+  p.k_batch_stride = p.v_batch_stride = p.dk_batch_stride = p.dv_batch_stride = 60 * 2 * 128;
+  EXPECT_TRUE(flashext::flash_bwd_sm90_takes(p));
+  const auto refused = [&](auto change) {
+    flashext::FlashBwdParams c = p;
+    change(c);
+    return !flashext::flash_bwd_sm90_takes(c);
+  };
+  EXPECT_FALSE(refused([](auto& c) { c.head_dim = 64; }));
+  EXPECT_TRUE(refused([](auto& c) { c.head_dim = 256; }));  // the FA2-design backward's
+  EXPECT_TRUE(refused([](auto& c) { c.head_dim = 96; }));
+  EXPECT_TRUE(refused([&](auto& c) { c.k = memory[1] + 8; }));  // 8-byte aligned
+  EXPECT_TRUE(refused([&](auto& c) { c.dv = memory[5] + 2; }));
+  EXPECT_TRUE(refused([](auto& c) { c.q_row_stride = 4 * 128 + 4; }));  // 8-byte strides
+  EXPECT_TRUE(refused([](auto& c) { c.dk_batch_stride += 1; }));
+  EXPECT_TRUE(refused([](auto& c) { c.lse = nullptr; }));
+  EXPECT_TRUE(refused([](auto& c) { c.heads_kv = 3; }));  // H % Hkv != 0
+  EXPECT_TRUE(refused([](auto& c) { c.seqlen_k = 0; }));
+  EXPECT_TRUE(refused([](auto& c) { c.seqlen_q = 0; }));
+  EXPECT_TRUE(refused([](auto& c) { c.softcap = -1.0f; }));
+  EXPECT_TRUE(refused([](auto& c) { c.block_mask = reinterpret_cast<const uint8_t*>(memory[0]); }));
+  // varlen: both offsets, and rows on both sides
+  static int32_t cu[3] = {0, 40, 100};
+  EXPECT_TRUE(refused([&](auto& c) { c.cu_seqlens_q = cu; }));  // without cu_seqlens_k
+  EXPECT_FALSE(refused([&](auto& c) { c.cu_seqlens_q = c.cu_seqlens_k = cu, c.total_q = c.total_k = 100; }));
+  EXPECT_TRUE(refused([&](auto& c) { c.cu_seqlens_q = c.cu_seqlens_k = cu, c.total_q = 0, c.total_k = 100; }));
+  EXPECT_FALSE(refused([](auto& c) { c.dq_row_stride = 3; }));  // dq goes through the fp32 workspace, no map
+}
+
 }  // namespace

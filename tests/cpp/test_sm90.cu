@@ -368,4 +368,29 @@ TEST(Sm90Primitives, BulkReduceAddFromManyBlocks) {
   }
 }
 
+// The attention maps' host side (no GPU needed): strides pass in bytes as the tensor has them,
+// except a dim of size 1, whose stride addresses nothing and may be any value (torch leaves it so),
+// which takes the dense stride of the dims inside it, so that every stride stays a multiple of 16
+// bytes.
+TEST(Sm90Host, AttentionMapLayout) {
+  const auto expect = [](const flashext::TmaAttentionLayout& got, std::vector<uint64_t> dims,
+                         std::vector<uint64_t> strides) {
+    EXPECT_EQ(std::vector<uint64_t>(got.dims, got.dims + 4), dims);
+    EXPECT_EQ(std::vector<uint64_t>(got.strides_bytes, got.strides_bytes + 3), strides);
+  };
+  using flashext::tma_attention_layout;
+  // (B, S, H, D) = (2, 5, 3, 64), contiguous: head, row, batch strides 64, 192, 960 elements
+  expect(tma_attention_layout(64, 3, 5, 2, 192, 64, 960), {64, 3, 5, 2}, {128, 384, 1920});
+  // a (B, H, S, D) tensor transposed to (B, S, H, D): rows 128 apart, heads 7 · 128
+  expect(tma_attention_layout(128, 4, 7, 3, 128, 896, 3584), {128, 4, 7, 3}, {1792, 256, 7168});
+  // packed qkv (B, S, 3, H, D) = (2, 9, 3, 2, 64) viewed as q: rows 3 · 2 · 64 apart
+  expect(tma_attention_layout(64, 2, 9, 2, 384, 64, 3456), {64, 2, 9, 2}, {128, 768, 6912});
+  // every dim of size 1, with odd strides: each the dense one
+  expect(tma_attention_layout(64, 1, 1, 1, 3, 5, 7), {64, 1, 1, 1}, {128, 128, 128});
+  // one row per sequence (decode-shaped q): the row stride is the heads' extent
+  expect(tma_attention_layout(64, 2, 1, 3, 1, 64, 1000), {64, 2, 1, 3}, {128, 256, 2000});
+  // one head (MQA's k and v), one sequence: head stride D, batch stride rows · row stride
+  expect(tma_attention_layout(128, 1, 9, 1, 128, 5, 77), {128, 1, 9, 1}, {256, 256, 2304});
+}
+
 }  // namespace

@@ -34,12 +34,17 @@ bool arch_supported(const char* arch_list, int major, int minor);
 // The kernels compiled into this build, one name per line.
 const char* compiled_kernels();
 
-// Whether the Hopper (sm_90a) kernels may serve the calls they apply to (on sm_90, in a build with
-// sm_90a code). On unless the environment had FLASHEXT_HOPPER=0 (or false, off, no) when the
-// library loaded, or set_hopper_kernels_enabled(false) turned them off: then the portable
-// FA2-design kernels serve every call, as on other GPUs (to compare the two, or to fall back).
-// Process-wide; read at each call's dispatch on the host.
-bool hopper_kernels_enabled();
-bool set_hopper_kernels_enabled(bool enabled);  // returns the previous setting
+// Which calls the Hopper (sm_90a) kernels serve (on sm_90, in a build with sm_90a code):
+//   kOff          none: the portable FA2-design kernels serve every call, as on other GPUs (to
+//                 compare the two, or to fall back);
+//   kWhereFaster  the calls where they beat the portable kernels (the default);
+//   kAlways       every call they can take, also where the portable kernels are faster (to test
+//                 them on every shape).
+// Set by the environment's FLASHEXT_HOPPER when the library loads ("0", "false", "off" or "no":
+// kOff; "always": kAlways) or by set_hopper_kernels. Process-wide; read at each call's dispatch.
+enum class HopperKernels : int { kOff = 0, kWhereFaster = 1, kAlways = 2 };
+HopperKernels hopper_kernels();
+HopperKernels set_hopper_kernels(HopperKernels mode);  // returns the previous setting
+inline bool hopper_kernels_enabled() { return hopper_kernels() != HopperKernels::kOff; }
 
 }  // namespace flashext

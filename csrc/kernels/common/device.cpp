@@ -9,22 +9,22 @@
 namespace flashext {
 
 namespace {
-std::atomic<bool>& hopper_kernels_flag() {
-  static std::atomic<bool> enabled{[] {
-    const char* value = std::getenv("FLASHEXT_HOPPER");  // "0", "false", "off" or "no" turn them off
-    if (value == nullptr) return true;
+std::atomic<HopperKernels>& hopper_kernels_mode() {
+  static std::atomic<HopperKernels> mode{[] {
+    const char* value = std::getenv("FLASHEXT_HOPPER");  // "0", "false", "off", "no"; "always"
+    if (value == nullptr) return HopperKernels::kWhereFaster;
     for (const char* off : {"0", "false", "off", "no", "False", "OFF", "NO"}) {
-      if (std::strcmp(value, off) == 0) return false;
+      if (std::strcmp(value, off) == 0) return HopperKernels::kOff;
     }
-    return true;
+    return std::strcmp(value, "always") == 0 ? HopperKernels::kAlways : HopperKernels::kWhereFaster;
   }()};
-  return enabled;
+  return mode;
 }
 }  // namespace
 
-bool hopper_kernels_enabled() { return hopper_kernels_flag().load(std::memory_order_relaxed); }
+HopperKernels hopper_kernels() { return hopper_kernels_mode().load(std::memory_order_relaxed); }
 
-bool set_hopper_kernels_enabled(bool enabled) { return hopper_kernels_flag().exchange(enabled); }
+HopperKernels set_hopper_kernels(HopperKernels mode) { return hopper_kernels_mode().exchange(mode); }
 
 int current_device_sm_count() {
   static PerDeviceValue sm_count;

@@ -56,16 +56,22 @@ cudaError_t make_tma_4d_swizzle128(CUtensorMap* map, const void* base, const uin
   return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-cudaError_t make_tma_attention_map(CUtensorMap* map, const void* base, int64_t head_dim, int64_t heads, int64_t rows,
-                                   int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
-                                   uint32_t box_rows) {
+TmaAttentionLayout tma_attention_layout(int64_t head_dim, int64_t heads, int64_t rows, int64_t batch,
+                                        int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
   head_stride = heads > 1 ? head_stride : head_dim;
   row_stride = rows > 1 ? row_stride : heads * head_stride;
   batch_stride = batch > 1 ? batch_stride : rows * row_stride;
-  const uint64_t dims[4] = {uint64_t(head_dim), uint64_t(heads), uint64_t(rows), uint64_t(batch)};
-  const uint64_t strides[3] = {uint64_t(head_stride) * 2, uint64_t(row_stride) * 2, uint64_t(batch_stride) * 2};
+  return {{uint64_t(head_dim), uint64_t(heads), uint64_t(rows), uint64_t(batch)},
+          {uint64_t(head_stride) * 2, uint64_t(row_stride) * 2, uint64_t(batch_stride) * 2}};
+}
+
+cudaError_t make_tma_attention_map(CUtensorMap* map, const void* base, int64_t head_dim, int64_t heads, int64_t rows,
+                                   int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                                   uint32_t box_rows) {
+  const TmaAttentionLayout layout =
+      tma_attention_layout(head_dim, heads, rows, batch, row_stride, head_stride, batch_stride);
   const uint32_t box[4] = {64, 1, box_rows, 1};
-  return make_tma_4d_swizzle128(map, base, dims, strides, box);
+  return make_tma_4d_swizzle128(map, base, layout.dims, layout.strides_bytes, box);
 }
 
 }  // namespace flashext

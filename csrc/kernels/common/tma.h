@@ -24,11 +24,20 @@ cudaError_t make_tma_2d_swizzle128(CUtensorMap* map, const void* base, int eleme
 cudaError_t make_tma_4d_swizzle128(CUtensorMap* map, const void* base, const uint64_t (&dims)[4],
                                    const uint64_t (&strides_bytes)[3], const uint32_t (&box)[4]);
 
+// An attention tensor's 4-D layout for the TMA: dims (head_dim, heads, rows, batch), innermost
+// first, and the byte strides of dims 1-3, from the tensor's element strides (16-bit elements).
+// The stride of a dim of size 1 addresses nothing, but the TMA wants every stride a multiple of
+// 16 bytes: such dims get the dense one, that of the dims inside them.
+struct TmaAttentionLayout {
+  uint64_t dims[4];
+  uint64_t strides_bytes[3];
+};
+TmaAttentionLayout tma_attention_layout(int64_t head_dim, int64_t heads, int64_t rows, int64_t batch,
+                                        int64_t row_stride, int64_t head_stride, int64_t batch_stride);
+
 // An attention tensor (q, k, v, dout, dk, dv: batch × rows × heads × head_dim, 16-bit, element
-// strides) as the 4-D map (head_dim, heads, rows, batch) with boxes of 64 columns × box_rows rows
-// of one head: a tile's 64-column slabs, 128-byte swizzled. The stride of a dim of size 1
-// addresses nothing, but the TMA wants every stride a multiple of 16 bytes: such dims get the
-// dense one.
+// strides) as the 4-D map of tma_attention_layout with boxes of 64 columns × box_rows rows of one
+// head: a tile's 64-column slabs, 128-byte swizzled.
 cudaError_t make_tma_attention_map(CUtensorMap* map, const void* base, int64_t head_dim, int64_t heads, int64_t rows,
                                    int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
                                    uint32_t box_rows);
