@@ -1,4 +1,5 @@
-"""A seeded fuzz of bad calls across every public op: each must raise a clear error that names the
+"""A seeded fuzz of bad calls across every public op (attention, varlen, SDPA, KV-cache decode,
+merge, block-sparse, the GeLU epilogues, online softmax): each must raise a clear error that names the
 op (RuntimeError, or NotImplementedError for what the SDPA entry point does not support), before
 any launch; the process survives, and good calls afterwards are still correct.
 
@@ -220,7 +221,87 @@ def softmax_call(rng, device):
     return flashext.online_softmax, (x,), {}, [kind]
 
 
-MAKERS = [attention_call, attention_call, attention_call, sdpa_call, gelu_call, gelu_call, softmax_call]
+# ---- serving: KV-cache decode, merge, block-sparse ----------------------------------------------
+
+
+def kvcache_call(rng, device):
+    """A mutated flash_attention_with_kvcache call (dense or paged cache)."""
+    batch, heads, heads_kv, head_dim, dtype = 2, 8, 2, 64, rng.choice([torch.float16, torch.bfloat16])
+    paged = rng.random() < 0.4
+    q = t([batch, 1, heads, head_dim], dtype, device)
+    cache = [6, 16, heads_kv, head_dim] if paged else [batch, 128, heads_kv, head_dim]
+    kc, vc = t(cache, dtype, device), t(cache, dtype, device)
+    lens = t([batch], torch.int32, device)
+    kwargs = {"block_table": t([batch, 3], torch.int32, device)} if paged else {}
+    new = t([batch, 2, heads_kv, head_dim], dtype, device)
+    kind = rng.choice(["dtype", "cache_dtype", "v_shape", "gqa", "k_alone", "k_shape", "num_splits", "softcap",
+                       "lens_shape", "lens_stride", "head_dim"] + (["table_dtype"] if paged else ["batch"]))
+    if kind == "dtype":
+        q = q.float()
+    elif kind == "cache_dtype":
+        kc = kc.to(torch.float16 if dtype != torch.float16 else torch.bfloat16)
+    elif kind == "v_shape":
+        vc = vc[:, : cache[1] // 2]
+    elif kind == "gqa":
+        q = q[:, :, :5]
+    elif kind == "batch":
+        kc, vc = kc[:1], vc[:1]
+    elif kind == "k_alone":
+        kwargs["k"] = new
+    elif kind == "k_shape":
+        kwargs["k"], kwargs["v"] = new[:, :, :1], new[:, :, :1]
+    elif kind == "num_splits":
+        kwargs["num_splits"] = rng.choice([65, 100])
+    elif kind == "softcap":
+        kwargs["softcap"] = -rng.random() - 0.1
+    elif kind == "lens_shape":
+        lens = lens[:1]
+    elif kind == "lens_stride":
+        lens = t([2 * batch], torch.int32, device)[::2]
+    elif kind == "table_dtype":
+        kwargs["block_table"] = kwargs["block_table"].long()
+    elif kind == "head_dim":
+        d = bad_head_dim(rng)
+        q, kc, vc = t([batch, 1, heads, d], dtype, device), t(cache[:3] + [d], dtype, device), t(cache[:3] + [d], dtype,
+                                                                                                device)
+    return flashext.flash_attention_with_kvcache, (q, kc, vc, lens), kwargs, [kind]
+
+
+def merge_call(rng, device):
+    o = t([2, 16, 4, 64], torch.bfloat16, device)
+    lse = t([2, 4, 16], torch.float32, device)
+    kind = rng.choice(["dtype_mix", "shape", "lse_shape", "lse_dtype", "head_dim", "rank", "dtype"])
+    args = {"dtype_mix": (o, lse, o.half(), lse), "shape": (o, lse, o[:, :8], lse),
+            "lse_shape": (o, lse[:, :, :8], o, lse), "lse_dtype": (o, lse, o, lse.half()),
+            "head_dim": (o[..., :12], lse, o[..., :12], lse), "rank": (o[0, 0], lse, o[0, 0], lse),
+            "dtype": (o.int(), lse, o.int(), lse)}[kind]
+    return flashext.merge_attention_states, args, {}, [kind]
+
+
+def block_sparse_call(rng, device):
+    dtype = rng.choice([torch.float16, torch.bfloat16])
+    q, k = t([2, 100, 4, 64], dtype, device), t([2, 90, 2, 64], dtype, device)
+    mask, block_size = t([2, 4, 2, 2], torch.bool, device), (64, 64)
+    kind = rng.choice(["mask_dtype", "mask_rows", "mask_heads", "mask_rank", "block_size", "huge_block", "dtype"])
+    if kind == "mask_dtype":
+        mask = mask.to(torch.uint8)
+    elif kind == "mask_rows":
+        mask = mask[:, :, :1]
+    elif kind == "mask_heads":
+        mask = mask[:, :3]
+    elif kind == "mask_rank":
+        mask = mask[0]
+    elif kind == "block_size":
+        block_size = rng.choice([(0, 64), (64, -1), (-3, 0)])
+    elif kind == "huge_block":
+        block_size = (2**62, 64)
+    elif kind == "dtype":
+        q, k = q.float(), k.float()
+    return flashext.block_sparse_attention, (q, k, k, mask, block_size), {}, [kind]
+
+
+MAKERS = [attention_call, attention_call, attention_call, sdpa_call, gelu_call, gelu_call, softmax_call, kvcache_call,
+          merge_call, block_sparse_call]
 
 
 def bad_call(i: int, device: str):
@@ -254,7 +335,7 @@ def test_bad_calls_raise_clear_errors(device):
             meta_message, _, _ = bad_call(i, "meta")
             assert same_words(meta_message, message), f"call {i} ({name}, {mutations}):\n{meta_message}\n{message}"
         counts[name] = counts.get(name, 0) + 1
-    assert sum(counts.values()) >= 1000 and len(counts) >= 7, counts
+    assert sum(counts.values()) >= 1000 and len(counts) >= 10, counts
     if device == "cuda":
         torch.cuda.synchronize()  # no launch went out, so no asynchronous error can be pending
         good_calls_are_still_correct()
@@ -276,3 +357,8 @@ def good_calls_are_still_correct():
                  torch.nn.functional.gelu(x + x))
     assert_close("online_softmax after the fuzz", flashext.online_softmax(x), torch.softmax(x.double(), -1),
                  torch.softmax(x, -1))
+    kc, vc = k[:, :64].contiguous(), v[:, :64].contiguous()
+    lens = torch.tensor([5, 64], dtype=torch.int32, device="cuda")
+    assert_close("decode after the fuzz", flashext.flash_attention_with_kvcache(q[:, :1], kc, vc, lens),
+                 ref.attention_with_kvcache(q[:, :1], kc, vc, lens),
+                 ref.attention_with_kvcache(q[:, :1], kc, vc, lens, compute_dtype=torch.bfloat16))
