@@ -496,8 +496,8 @@ def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tenso
 def attention_kvcache_split_kernel(
     Q, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, O_PART, LSE_PART,
     stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    stride_bt, seqlen_q, seqlen_new, head_dim, page_size, split_keys, scale, scale_log2, softcap, window_left,
-    window_right, batch,
+    stride_bt, seqlen_q, seqlen_new, head_dim, page_size, capacity, split_keys, scale, scale_log2, softcap,
+    window_left, window_right, batch,
     H: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
@@ -505,12 +505,13 @@ def attention_kvcache_split_kernel(
     group) pairs, the group's heads packed together so a KV byte is read once per KV head. Keys are
     the split's range [split · split_keys, (split + 1) · split_keys) of the sequence's
     cache_seqlens[b] + seqlen_new tokens, gathered through the page table when PAGED. Writes the
-    split's normalised partial output and lse (merged across splits afterwards)."""
+    split's normalised partial output and lse (merged across splits afterwards). Lengths past the
+    capacity are clamped to it (a negative one counts as 0), as the CUDA kernel clamps them."""
     row_block = tl.program_id(0)
     b = tl.program_id(1) // (H // GROUP)
     kv_head = tl.program_id(1) % (H // GROUP)
     split = tl.program_id(2)
-    total_k = tl.load(CACHE_SEQLENS + b) + seqlen_new
+    total_k = tl.minimum(tl.maximum(tl.load(CACHE_SEQLENS + b), 0) + seqlen_new, capacity)
     rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     query = rows // GROUP  # query position
     head = kv_head * GROUP + rows % GROUP
@@ -572,27 +573,94 @@ def attention_kvcache_split_kernel(
     tl.store(LSE_PART + (part * H + head) * seqlen_q + query, lse, mask=row_valid)
 
 
+@triton.jit
+def kvcache_append_kernel(
+    K_NEW, V_NEW, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE,
+    stride_knb, stride_kns, stride_knh, stride_vnb, stride_vns, stride_vnh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
+    seqlen_new, head_dim, page_size, capacity,
+    BLOCK_D: tl.constexpr, PAGED: tl.constexpr,
+):
+    """Program (batch · seqlen_new + t, kv head): new token t of sequence b into the caches at
+    position cache_seqlens[b] + t (a negative length counts as 0), through the page table when
+    PAGED; a token past the capacity is dropped."""
+    b = tl.program_id(0) // seqlen_new
+    t = tl.program_id(0) % seqlen_new
+    h = tl.program_id(1)
+    pos = tl.maximum(tl.load(CACHE_SEQLENS + b), 0) + t
+    if pos < capacity:
+        if PAGED:
+            page = tl.load(BLOCK_TABLE + b * stride_bt + pos // page_size).to(tl.int64)
+            k_row = page * stride_kp + (pos % page_size) * stride_ks
+            v_row = page * stride_vp + (pos % page_size) * stride_vs
+        else:
+            k_row = b.to(tl.int64) * stride_kp + pos * stride_ks
+            v_row = b.to(tl.int64) * stride_vp + pos * stride_vs
+        offs_d = tl.arange(0, BLOCK_D)
+        d_valid = offs_d < head_dim
+        k = tl.load(K_NEW + b.to(tl.int64) * stride_knb + t * stride_kns + h * stride_knh + offs_d, mask=d_valid)
+        v = tl.load(V_NEW + b.to(tl.int64) * stride_vnb + t * stride_vns + h * stride_vnh + offs_d, mask=d_valid)
+        tl.store(K_CACHE + k_row + h * stride_kh + offs_d, k, mask=d_valid)
+        tl.store(V_CACHE + v_row + h * stride_vh + offs_d, v, mask=d_valid)
+
+
+@triton.jit
+def merge_splits_kernel(
+    O_PART, LSE_PART, O, LSE, stride_ob, stride_os, stride_oh, seqlen_q, head_dim, num_splits, batch,
+    H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Program (batch · Sq + s, head): the N-way merge_attention_states of the splits' partial
+    outputs (splits, B, Sq, H, D) and lse (splits, B, H, Sq): weights exp(lse_i − lse) with lse the
+    logsumexp of the splits'; an empty split (lse −inf) weighs 0, all empty give 0 and −inf."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    b = row // seqlen_q
+    s = row % seqlen_q
+    m = tl.full([], float("-inf"), dtype=tl.float32)
+    for i in range(num_splits):
+        m = tl.maximum(m, tl.load(LSE_PART + ((i * batch + b) * H + head) * seqlen_q + s))
+    empty = m == float("-inf")
+    safe_m = tl.where(empty, 0.0, m)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_valid = offs_d < head_dim
+    total = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i in range(num_splits):
+        lse_i = tl.load(LSE_PART + ((i * batch + b) * H + head) * seqlen_q + s)
+        w = tl.where(lse_i == float("-inf"), 0.0, tl.exp(lse_i - safe_m))
+        o = tl.load(O_PART + (((i * batch + b) * seqlen_q + s) * H + head).to(tl.int64) * head_dim + offs_d,
+                    mask=d_valid, other=0.0)
+        acc += tl.where(w == 0.0, 0.0, w * o)  # an empty split's partial may hold anything
+        total += w
+    out = tl.where(empty, 0.0, acc / tl.where(empty, 1.0, total))
+    tl.store(O + b.to(tl.int64) * stride_ob + s * stride_os + head * stride_oh + offs_d,
+             to_dtype(out, O.dtype.element_ty), mask=d_valid)
+    tl.store(LSE + (b * H + head) * seqlen_q + s, tl.where(empty, float("-inf"), safe_m + tl.log(tl.where(empty, 1.0,
+                                                                                                           total))))
+
+
 def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
                            k: Tensor | None = None, v: Tensor | None = None, block_table: Tensor | None = None,
                            causal: bool = False, softmax_scale: float | None = None,
                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, num_splits: int = 1,
                            block_m: int = 16, block_n: int = 32) -> tuple[Tensor, Tensor]:
     """(out (B, Sq, H, D), lse (B, H, Sq)) of flashext.reference.attention_with_kvcache: new k, v are
-    appended into the cache first (in place), then num_splits programs per row block each attend
-    to a range of the keys, and their partial results are merged by their lse."""
+    appended into the cache first (in place, a program per new token and KV head), then num_splits
+    programs per row block each attend to a range of the keys, and a program per output row merges
+    their partial results by their lse."""
     batch, seqlen_q, heads, head_dim = q.shape
     heads_kv = k_cache.shape[2]
     page_size = k_cache.shape[1]
     seqlen_new = 0 if k is None else k.shape[1]
-    if seqlen_new:  # the append: token len + t of sequence b
-        from flashext.reference import kvcache_positions
-        for b in range(batch):
-            length = int(cache_seqlens[b])
-            where, slot = kvcache_positions(cache_seqlens, block_table, page_size, length + seqlen_new, b)
-            k_cache[where[length:], slot[length:]] = k[b]
-            v_cache[where[length:], slot[length:]] = v[b]
     paged = block_table is not None
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
+    if seqlen_new and batch:
+        kvcache_append_kernel[(batch * seqlen_new, heads_kv)](
+            k, v, k_cache, v_cache, cache_seqlens, block_table if paged else cache_seqlens,
+            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+            v_cache.stride(2), block_table.stride(0) if paged else 0, seqlen_new, head_dim, page_size, capacity,
+            BLOCK_D=_block_d(head_dim), PAGED=paged)
     split_keys = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
     group = heads // heads_kv
     o_part = torch.empty(num_splits, batch, seqlen_q, heads, head_dim, dtype=torch.float32, device=q.device)
@@ -604,15 +672,15 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_se
         q, k_cache, v_cache, cache_seqlens, block_table if paged else cache_seqlens, o_part, lse_part,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0) if paged else 0,
-        seqlen_q, seqlen_new, head_dim, page_size, split_keys, scale, scale * math.log2(math.e), softcap, left, right,
-        batch,
+        seqlen_q, seqlen_new, head_dim, page_size, capacity, split_keys, scale, scale * math.log2(math.e), softcap,
+        left, right, batch,
         H=heads, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim), PAGED=paged,
         HAS_SOFTCAP=softcap > 0, DOT_IN_FP32=_dot_in_fp32(q),
     )
-    # merge the splits by their lse (merge_attention_states, N-way)
-    lse = torch.logsumexp(lse_part, dim=0)
-    safe = torch.where(torch.isneginf(lse), 0.0, lse)
-    weights = torch.where(torch.isneginf(lse_part), 0.0, torch.exp(lse_part - safe))  # (splits, B, H, Sq)
-    w = weights.transpose(-1, -2)[..., None]  # (splits, B, Sq, H, 1)
-    out = torch.where(w == 0, 0.0, w * o_part).sum(0)  # an empty split contributes nothing
-    return out.to(q.dtype), lse
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
+    if out.numel():
+        merge_splits_kernel[(batch * seqlen_q, heads)](
+            o_part, lse_part, out, lse, out.stride(0), out.stride(1), out.stride(2), seqlen_q, head_dim, num_splits,
+            batch, H=heads, BLOCK_D=_block_d(head_dim))
+    return out, lse
