@@ -31,12 +31,12 @@ _HOPPER_MODES = (False, True, "always")  # flashext::HopperKernels: kOff, kWhere
 
 def use_hopper_kernels(enabled: bool | str = True) -> bool | str:
     """Allow (True, the default) or forbid (False) the Hopper (sm_90a) attention kernels where they
-    apply (on an H100/H200 with a build holding sm_90a code: the forward at head dim 128 and 256,
-    and at 64 from 512 keys, where it is the faster; the backward at head dim 64 and 128, dense or
-    varlen). Forbidden, every call runs the portable FA2-design kernels, as on other GPUs: to
-    compare the two, or as a fallback. "always": the Hopper kernels serve every call they can take,
-    also where the portable ones are faster (the forward at D = 64 under 512 keys): to test them on
-    every shape. Process-wide and read as each call runs (under torch.compile too; a captured CUDA
+    apply (on an H100/H200 with a build holding sm_90a code: the forward at head dims over 64, and
+    at head dims up to 64 from 512 keys, where it is the faster; the backward at head dim 64 and
+    128, dense or varlen). Forbidden, every call runs the portable FA2-design kernels, as on other
+    GPUs: to compare the two, or as a fallback. "always": the Hopper kernels serve every call they
+    can take, also where the portable ones are faster (the forward at D <= 64 under 512 keys): to
+    test them on every shape. Process-wide and read as each call runs (under torch.compile too; a captured CUDA
     graph keeps the kernels of its capture). Returns the previous setting. The environment
     variable FLASHEXT_HOPPER=0 (or =always) sets the starting value."""
     from . import _build
@@ -59,9 +59,10 @@ def _hopper_forward_available() -> bool:
 
 def _flash_attention_sm90(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: float | None = None,
                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> tuple[Tensor, Tensor]:
-    """(out, lse) by the Hopper kernel (wgmma, TMA, warp specialisation) alone: D = 64, 128, 256,
-    dense, forward only, on an sm_90 GPU with an sm_90a build (flash_attention uses it there at
-    D = 128 and 256, and at D = 64 from 512 keys). For its tests and bench_attention; not a public API."""
+    """(out, lse) by the Hopper kernel (wgmma, TMA, warp specialisation) alone: head dims as
+    flash_attention's (kernels for 64, 128 and 256, the others on the next of them), dense, forward
+    only, on an sm_90 GPU with an sm_90a build (flash_attention uses it there at head dims over 64,
+    and up to 64 from 512 keys). For its tests and bench_attention; not a public API."""
     return _ops._flash_attn_fwd_sm90(q, k, v, causal, softmax_scale, window_size[0], window_size[1], softcap)
 
 

@@ -17,6 +17,7 @@
 #include <initializer_list>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "common.h"
 #include "flashext/attention.h"
@@ -205,13 +206,16 @@ flashext::FlashFwdParams attention_params(const at::Tensor& q, const at::Tensor&
 }
 
 // Whether the Hopper forward serves a call of this head dim and key count (its kernels are compiled
-// for D = 64, 128 and 256): where it beats the FA2-design one on the H200 (bench_attention, 227d902
-// and the A/B at 480322e), at D = 128 and 256 at every length, at D = 64 from 512 keys (without a
-// mask 1.2x at 512; causal, on 128-row blocks, 1.05x at 512, 1.14x at 1K; shorter D = 64 calls and
-// windowed calls take the same thresholds, unmeasured); at every length in HopperKernels::kAlways.
+// for D = 64, 128 and 256; other head dims run on the next of them, as the FA2-design ones do): where
+// it beats the FA2-design one on the H200 (bench_attention, 227d902 and the A/B at 480322e), with
+// the D = 128 and 256 kernels at every length, with the D = 64 one from 512 keys (without a mask
+// 1.2x at 512; causal, on 128-row blocks, 1.05x at 512, 1.14x at 1K; shorter D = 64 calls, windowed
+// calls and the padded head dims take the same thresholds, unmeasured); at every length in
+// HopperKernels::kAlways.
 bool hopper_forward_serves(int head_dim, int seqlen_k) {
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return false;
-  return head_dim != 64 || seqlen_k >= 512 || flashext::hopper_kernels() == flashext::HopperKernels::kAlways;
+  const int kernel_head_dim = flashext::flash_fwd_kernel_head_dim(head_dim);
+  if (kernel_head_dim == 0) return false;
+  return kernel_head_dim != 64 || seqlen_k >= 512 || flashext::hopper_kernels() == flashext::HopperKernels::kAlways;
 }
 
 // Whether the Hopper kernels may take a call whose TMA maps read these tensors: an sm_90 GPU with
@@ -226,14 +230,32 @@ bool hopper_kernels_take(std::initializer_list<std::reference_wrapper<const at::
   return flashext::hopper_kernels_enabled() && flashext::flash_fwd_sm90_supported(major, minor);
 }
 
+// The Hopper forward of p. A head dim between the kernels' (64, 128, 256) runs on the next one up,
+// which writes O that wide: into a wide buffer (zeroed where the kernel may leave rows unwritten,
+// varlen's rows no sequence covers), whose first head_dim columns are then copied to out.
+cudaError_t run_forward_sm90(const flashext::FlashFwdParams& p, const at::Tensor& out, cudaStream_t stream) {
+  const int columns = flashext::flash_fwd_kernel_head_dim(p.head_dim);
+  if (columns == p.head_dim) return flashext::run_flash_fwd_sm90(p, stream);
+  std::vector<int64_t> sizes = out.sizes().vec();
+  sizes.back() = columns;
+  const at::Tensor wide =
+      p.cu_seqlens_q != nullptr ? at::zeros(sizes, out.options()) : at::empty(sizes, out.options());
+  flashext::FlashFwdParams w = p;
+  w.o = wide.data_ptr();
+  set_strides(w.o_batch_stride, w.o_row_stride, w.o_head_stride, wide);
+  const cudaError_t err = flashext::run_flash_fwd_sm90(w, stream, columns);
+  if (err == cudaSuccess) out.copy_(wide.narrow(-1, 0, p.head_dim));
+  return err;
+}
+
 // The forward of a dense or varlen call: the Hopper kernel where hopper_forward_serves, there are
 // keys and hopper_kernels_take the inputs; else the FA2-design kernel.
 cudaError_t run_forward(const flashext::FlashFwdParams& p, const at::Tensor& q, const at::Tensor& k,
-                        const at::Tensor& v) {
+                        const at::Tensor& v, const at::Tensor& out) {
   const bool keys = p.seqlen_k > 0 && (p.cu_seqlens_q == nullptr || (p.total_q > 0 && p.total_k > 0));
   const bool hopper =
       hopper_forward_serves(p.head_dim, p.seqlen_k) && keys && hopper_kernels_take({q, k, v});
-  return hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));
+  return hopper ? run_forward_sm90(p, out, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));
 }
 
 std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -251,7 +273,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const 
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, q.size(1), k.size(1), nullptr, nullptr,
                                                       align_top_left);
-  check_launch(kFlash, run_forward(p, q, k, v));
+  check_launch(kFlash, run_forward(p, q, k, v, out));
   return {out, lse};
 }
 
@@ -280,7 +302,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, max_seqlen_q, max_seqlen_k,
                                                       &cu_seqlens_q, &cu_seqlens_k);
-  check_launch(kFlashVarlen, run_forward(p, q, k, v));
+  check_launch(kFlashVarlen, run_forward(p, q, k, v, out));
   return {out, lse};
 }
 
@@ -305,9 +327,6 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, c
                                                        int64_t window_right, double softcap) {
   check_qkv(kSm90, q_in, k_in, v_in, 4);
   check_options(kSm90, softmax_scale, window_left, window_right, softcap);
-  const auto head_dim = q_in.sym_size(-1);
-  FX_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256, kSm90, ": head dim must be 64, 128 or 256, got ",
-           head_dim);
   FX_CHECK(k_in.sym_size(1) > 0, kSm90, ": argument 'k' must hold at least one key, got shape ", k_in.sym_sizes());
   at::Tensor out = output_like(q_in, false, false);
   at::Tensor lse = at::empty_symint({q_in.sym_size(0), q_in.sym_size(2), q_in.sym_size(1)},
@@ -318,7 +337,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, c
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, q.size(1), k.size(1));
-  check_launch(kSm90, flashext::run_flash_fwd_sm90(p, current_stream(q)));
+  check_launch(kSm90, run_forward_sm90(p, out, current_stream(q)));
   return {out, lse};
 }
 

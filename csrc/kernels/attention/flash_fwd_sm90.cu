@@ -3,7 +3,9 @@
 // overlap inside a warpgroup (block j's softmax while block j - 1's P V runs)
 // (flash_fwd_sm90.h says who calls, checks and times it).
 //
-// D = 64, 128 and 256, dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
+// D = 64, 128 and 256 (other multiples of 8 up to 256 on the next of these: the TMA reads q, k
+// and v's columns past their head dim as zeros; O gets the kernel's columns, so its caller gives a
+// buffer that wide), dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
 // 192 rows at D = 64 unless a causal or windowed call's rows see under 4K keys, else 128, head,
 // sequence): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1, 2 (and 3)
 // consume 64 query rows each. Q and two stages of K and V live in shared memory as 64-column slabs
@@ -468,7 +470,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       kv_uses += num_n_blocks;
     }
 
-    // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse.
+    // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse (all
+    // kHeadDim columns of O: a smaller head dim's caller gives O that many).
     const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
     const int64_t lse_offset = varlen ? x.row_q : int64_t(x.batch) * p.lse_batch_stride;
     T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
@@ -495,17 +498,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
 template <typename T, typename Config>
 cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
-  constexpr int kHeadDim = Config::kHeadDim;
   Sm90Maps maps;
-  // Varlen: one batch of all the packed rows.
+  // Varlen: one batch of all the packed rows. The maps span the tensors' own head dim: a smaller
+  // one than the kernel's reads as zero columns past it (which add nothing to S and make O's
+  // columns there 0).
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t batch = varlen ? 1 : p.batch;
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.q, p.q, kHeadDim, p.heads, rows_q, batch,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.q, p.q, p.head_dim, p.heads, rows_q, batch,
                                             p.q_row_stride, p.q_head_stride, p.q_batch_stride, Config::kBlockM));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.k, p.k, kHeadDim, p.heads_kv, rows_k, batch,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.k, p.k, p.head_dim, p.heads_kv, rows_k, batch,
                                             p.k_row_stride, p.k_head_stride, p.k_batch_stride, Config::kBlockN));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, kHeadDim, p.heads_kv, rows_k, batch,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, p.head_dim, p.heads_kv, rows_k, batch,
                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, Config::kBlockN));
   auto kernel = flash_fwd_sm90_kernel<T, Config>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
@@ -542,10 +546,12 @@ bool flash_fwd_sm90_supported(int major, int minor) {
   return major == 9 && minor == 0 && std::strstr(compiled_cuda_archs(), "90a") != nullptr;
 }
 
-cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
+cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream, int o_columns) {
   using namespace attention_detail;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  if ((p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) || varlen != (p.cu_seqlens_k != nullptr) ||
+  const int kernel_head_dim = flash_fwd_kernel_head_dim(p.head_dim);  // 64, 128 or 256 (0: none)
+  if (kernel_head_dim == 0 || std::max(o_columns, p.head_dim) < kernel_head_dim ||
+      varlen != (p.cu_seqlens_k != nullptr) ||
       p.block_mask != nullptr || p.batch < 0 || p.heads <= 0 || p.heads_kv <= 0 || p.heads % p.heads_kv != 0 ||
       p.seqlen_q < 0) {
     return cudaErrorInvalidValue;
@@ -560,7 +566,7 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
     // than that saves; at D = 128, 176-key blocks measured 0.98-1.02x (not taken).
     const bool diagonal = p.window_left >= 0 || p.window_right >= 0;  // (causal: window_right 0)
     const bool unmasked = !varlen && !diagonal;
-    switch (p.head_dim) {
+    switch (kernel_head_dim) {
       // Causal and windowed calls at D = 64 whose rows see fewer than 4K keys: 128-row blocks of
       // two consumer warpgroups (a third less masked work on the diagonal blocks, 240 registers
       // each); 1.43x, 1.15x and 1.08x at causal S = 512, 1K and 2K, 0.91x at 8K, where the
