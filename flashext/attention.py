@@ -32,7 +32,7 @@ _HOPPER_MODES = (False, True, "always")  # flashext::HopperKernels: kOff, kWhere
 def use_hopper_kernels(enabled: bool | str = True) -> bool | str:
     """Allow (True, the default) or forbid (False) the Hopper (sm_90a) attention kernels where they
     apply (on an H100/H200 with a build holding sm_90a code: the forward at head dims over 64, and
-    at head dims up to 64 from 512 keys, where it is the faster; the backward at head dim 64 and
+    at head dims up to 64 from 512 keys, where it is the faster; the backward at head dims up to
     128, dense or varlen). Forbidden, every call runs the portable FA2-design kernels, as on other
     GPUs: to compare the two, or as a fallback. "always": the Hopper kernels serve every call they
     can take, also where the portable ones are faster (the forward at D <= 64 under 512 keys): to
@@ -69,7 +69,8 @@ def _flash_attention_sm90(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
 def _flash_attention_backward_sm90(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                    causal: bool = False,
                                    softmax_scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) by the Hopper backward alone: D = 64 or 128, dense, full or causal (this op's
+    """(dq, dk, dv) by the Hopper backward alone: head dims up to 128 (kernels for 64 and 128, the
+    others on the next of them), dense, full or causal (this op's
     arguments; flash_attention's backward runs it for windows and soft-cap too), from the forward's
     out and lse, on an sm_90 GPU with an sm_90a build. For its tests; not a public API."""
     return _ops._flash_attn_bwd_sm90(dout, q, k, v, out, lse, causal, softmax_scale)

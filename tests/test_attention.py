@@ -35,7 +35,7 @@ def test_seqlens_batches_gqa(dtype, causal, seqlen_q, seqlen_k):
 def test_each_path_runs_its_own_kernels(kernel_path, head_dim, seqlen):
     # The fixture's "hopper" reaches the Hopper forward at every head dim (D = 80 on its D = 128
     # kernel), also where the default would not (D = 64 under 512 keys), and the Hopper backward at
-    # D = 64 and 128; "portable" never runs a Hopper kernel. Dense and varlen.
+    # head dims up to 128; "portable" never runs a Hopper kernel. Dense and varlen.
     q, k, v = (t.requires_grad_() for t in make(2, seqlen, seqlen, 4, 2, head_dim, torch.bfloat16))
     lengths = cu_seqlens([seqlen - 5, seqlen + 5])
 
@@ -53,7 +53,7 @@ def test_each_path_runs_its_own_kernels(kernel_path, head_dim, seqlen):
         forward, backward = "flash_fwd_sm90_kernel" in names, "flash_bwd_sm90_kernel" in names
         if kernel_path == "hopper":
             assert forward, names[:400]
-            assert backward == (head_dim in (64, 128)), names[:400]
+            assert backward == (head_dim <= 128), names[:400]
         else:
             assert not forward and not backward, names[:400]
             assert "flash_fwd_kernel" in names and "flash_bwd_kernel" in names, names[:400]

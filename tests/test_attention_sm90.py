@@ -153,10 +153,21 @@ def test_backward_against_the_reference(dtype, causal, seqlen_q, seqlen_k, head_
 
 
 @requires_hopper
+@pytest.mark.parametrize("head_dim", [8, 40, 96, 120])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_head_dims_on_the_next_kernel(causal, head_dim):
+    # Head dims under 64 and 128 on those kernels: q, k, v and dO read with zero columns past the
+    # head dim, dk and dv stored and dq converted in the tensors' own columns only. Packed views too.
+    for batch, seqlen_q, seqlen_k, heads_kv, packed in ((2, 300, 257, 2, False), (1, 200, 200, 4, True)):
+        check_backward(*make_qkv(batch, seqlen_q, seqlen_k, 4, heads_kv, head_dim, torch.bfloat16, packed=packed),
+                       causal=causal)
+
+
+@requires_hopper
 def test_backward_refusals_name_the_function():
-    q, k, v = make_qkv(1, 16, 16, 2, 2, 256, torch.float16)
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 136, torch.float16)
     out, lse = flashext.flash_attention(q, k, v, return_lse=True)
-    with pytest.raises(RuntimeError, match=r"flashext._flash_attn_bwd_sm90: head dim must be 64 or 128, got 256"):
+    with pytest.raises(RuntimeError, match=r"flashext._flash_attn_bwd_sm90: head dim must be at most 128, got 136"):
         attention._flash_attention_backward_sm90(torch.randn_like(q), q, k, v, out, lse)
 
 

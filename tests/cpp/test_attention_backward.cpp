@@ -400,7 +400,7 @@ TEST(FlashBwd, ParamsAreChecked) {
 }
 
 // Which calls the Hopper backward takes (host side, no GPU needed: the pointers are never read):
-// D = 64 or 128, 16-byte aligned tensors with strides in multiples of 8 elements (its TMA maps),
+// head dims up to 128 (on its D = 64 and 128 kernels), 16-byte aligned tensors with strides in multiples of 8 elements (its TMA maps),
 // the forward's lse, no block mask, keys and queries present.
 TEST(FlashBwd, Sm90TakesWhatItsMapsCanRead) {
   alignas(16) static char memory[7][64];
@@ -422,8 +422,11 @@ TEST(FlashBwd, Sm90TakesWhatItsMapsCanRead) {
     return !flashext::flash_bwd_sm90_takes(c);
   };
   EXPECT_FALSE(refused([](auto& c) { c.head_dim = 64; }));
-  EXPECT_TRUE(refused([](auto& c) { c.head_dim = 256; }));  // the FA2-design backward's
-  EXPECT_TRUE(refused([](auto& c) { c.head_dim = 96; }));
+  EXPECT_FALSE(refused([](auto& c) { c.head_dim = 96; }));  // on the D = 128 kernel
+  EXPECT_FALSE(refused([](auto& c) { c.head_dim = 8; }));   // on the D = 64 kernel
+  EXPECT_TRUE(refused([](auto& c) { c.head_dim = 136; }));  // the FA2-design backward's
+  EXPECT_TRUE(refused([](auto& c) { c.head_dim = 256; }));
+  EXPECT_TRUE(refused([](auto& c) { c.head_dim = 100; }));
   EXPECT_TRUE(refused([&](auto& c) { c.k = memory[1] + 8; }));  // 8-byte aligned
   EXPECT_TRUE(refused([&](auto& c) { c.dv = memory[5] + 2; }));
   EXPECT_TRUE(refused([](auto& c) { c.q_row_stride = 4 * 128 + 4; }));  // 8-byte strides

@@ -8,7 +8,9 @@
 // workspace, dq_accum zeroed), flash_bwd_sm90_kernel, and flash_bwd_sm90_convert_dq (dq_accum ·
 // scale into dq).
 //
-// Main kernel, D = 64 or 128. A CTA per (key block of 128, KV head, batch entry or packed varlen
+// Main kernel, D = 64 or 128 (head dims under them on the next: the maps read q, k, v and dout's
+// columns past their head dim as zeros and store only dk and dv's own; the dQ conversion writes
+// dq's own). A CTA per (key block of 128, KV head, batch entry or packed varlen
 // sequence). Warpgroup 0 produces: thread 0 issues the TMA loads (K and V once; Q, dO, and the
 // block's lse · log2 e and D by bulk copies, of each query block of M = kBlockM into two stages).
 // Warpgroups 1 and 2 consume, consumer c owning keys 64 c + [0, 64) of the block. For every query
@@ -593,6 +595,7 @@ __global__ void __launch_bounds__(128) flash_bwd_sm90_convert_dq(const FlashBwdP
     const int row = pair / (kHeadDim / 2), col = 2 * (pair % (kHeadDim / 2));
     const int query = m_block * kBlockM + row;
     if (query >= seq.seqlen_q) break;  // (rows ascend with pair)
+    if (col >= p.head_dim) continue;   // (a head dim under the kernel's: dq has only its own columns)
     const float2 a = *reinterpret_cast<const float2*>(tile + row * kHeadDim + sm90_dq_col(row, col));
     *reinterpret_cast<uint32_t*>(dq + int64_t(query) * p.dq_row_stride + col) =
         ptx::pack2<T>(a.x * p.softmax_scale, a.y * p.softmax_scale);
@@ -607,20 +610,21 @@ cudaError_t launch_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStream
   Sm90BwdMaps maps;
   // Varlen: the maps span the packed rows as one batch entry (a sequence's blocks start at its
   // first row; rows past it are the next sequence's, which the masks and statistics zero out).
+  // The maps span the tensors' own head dim: columns past it load as zeros, and stores skip them.
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int map_batches = varlen ? 1 : p.batch;
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.q, p.q, C::kHeadDim, p.heads, rows_q, map_batches,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.q, p.q, p.head_dim, p.heads, rows_q, map_batches,
                                             p.q_row_stride, p.q_head_stride, p.q_batch_stride, C::kBlockM));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dout, p.dout, C::kHeadDim, p.heads, rows_q, map_batches,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dout, p.dout, p.head_dim, p.heads, rows_q, map_batches,
                                             p.do_row_stride, p.do_head_stride, p.do_batch_stride, C::kBlockM));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.k, p.k, C::kHeadDim, p.heads_kv, rows_k, map_batches,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.k, p.k, p.head_dim, p.heads_kv, rows_k, map_batches,
                                             p.k_row_stride, p.k_head_stride, p.k_batch_stride, C::kBlockN));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, C::kHeadDim, p.heads_kv, rows_k, map_batches,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, p.head_dim, p.heads_kv, rows_k, map_batches,
                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, C::kBlockN));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dk, p.dk, C::kHeadDim, p.heads_kv, rows_k, map_batches,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dk, p.dk, p.head_dim, p.heads_kv, rows_k, map_batches,
                                             p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, C::kBlockN / 2));
-  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dv, p.dv, C::kHeadDim, p.heads_kv, rows_k, map_batches,
+  FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.dv, p.dv, p.head_dim, p.heads_kv, rows_k, map_batches,
                                             p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, C::kBlockN / 2));
   const bool general = p.window_left >= 0 || p.softcap > 0.0f || varlen || p.deterministic;
   auto kernel = general ? flash_bwd_sm90_kernel<T, kHeadDim, true> : flash_bwd_sm90_kernel<T, kHeadDim, false>;
@@ -647,7 +651,8 @@ bool flash_bwd_sm90_takes(const FlashBwdParams& p) {
   const bool rows = varlen ? p.cu_seqlens_k != nullptr && p.total_q > 0 && p.total_k > 0 && p.total_q <= INT32_MAX &&
                                  p.total_k <= INT32_MAX
                            : p.cu_seqlens_k == nullptr;
-  return (p.head_dim == 64 || p.head_dim == 128) && rows && p.block_mask == nullptr &&
+  const int kernel_head_dim = flash_fwd_kernel_head_dim(p.head_dim);  // (its kernels: 64 and 128)
+  return (kernel_head_dim == 64 || kernel_head_dim == 128) && rows && p.block_mask == nullptr &&
          p.softcap >= 0.0f && p.lse != nullptr && p.batch >= 0 && p.heads > 0 &&
          p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q > 0 && p.seqlen_k > 0 && aligned(p.q) &&
          aligned(p.k) && aligned(p.v) && aligned(p.dout) && aligned(p.dk) && aligned(p.dv) &&
@@ -668,8 +673,8 @@ cudaError_t run_flash_bwd_sm90(const FlashBwdParams& p, void* workspace, cudaStr
   if (p.batch == 0) return cudaSuccess;
   return with_16bit_type(p.dtype, cudaErrorInvalidValue, [&](auto type) {
     using T = typename decltype(type)::type;
-    return p.head_dim == 64 ? launch_bwd_sm90<T, 64>(p, workspace, stream)
-                            : launch_bwd_sm90<T, 128>(p, workspace, stream);
+    return flash_fwd_kernel_head_dim(p.head_dim) == 64 ? launch_bwd_sm90<T, 64>(p, workspace, stream)
+                                                       : launch_bwd_sm90<T, 128>(p, workspace, stream);
   });
 }
 

@@ -1,4 +1,5 @@
-// flashext Hopper FlashAttention backward (flash_bwd_sm90.cu), version 0: D = 64 and 128, dense or
+// flashext Hopper FlashAttention backward (flash_bwd_sm90.cu), version 0: kernels for D = 64 and 128,
+// which take every head dim up to 128 (multiples of 8, on the next of them), dense or
 // packed varlen batches, fp16 / bf16, full, causal or windowed attention, soft-cap, GQA, dQ added
 // atomically or (deterministic) in key block order. The torch layer (csrc/torch/attention.cpp)
 // calls it for the calls it takes on a Hopper GPU, run_flash_bwd (the FA2-design kernels) otherwise;
