@@ -79,7 +79,11 @@ run_step() {  # run_step NAME COMMAND...: log it, time it, record pass/fail
   return "$rc"
 }
 
-build() { $PY setup.py build_ext --inplace; }
+# The files an interrupted `ab` left built from a variant's sources (AB_MARK lists them): touched,
+# so that the build compiles them again from this tree's.
+AB_MARK=build/ab_variant_files
+ab_unmark() { [ -f "$AB_MARK" ] && { xargs -r touch <"$AB_MARK"; rm -f "$AB_MARK"; }; return 0; }
+build() { ab_unmark; $PY setup.py build_ext --inplace; }
 setup() { PYTHON=$PY bash scripts/setup.sh; }
 cpp_build() {  # cpp_build [DIR [ARCHS]]: the C++ tests, for the archs given (default: the build's)
   local dir=${1:-build/cpp} archs=${2:-${FLASHEXT_CUDA_ARCHS:-90a}}
@@ -252,29 +256,44 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
   # extension, so that a variant costs its own files' compiles and not a whole build in a fresh
   # directory; A's extension is put back at the end. A variant that fails to apply, build or pass
   # its tests is reported and left out of the timings.
+  # Whatever happens (a failure, a signal), the tree gets its sources back (touched, so that no
+  # variant's object is taken for A's) and A's extension: ab_restore, also on INT and TERM; AB_MARK
+  # tells a later build which files to recompile if even that did not run.
   local -A pid=()
-  local dropped=0 so excludes=(--exclude=./build --exclude=./gpu_out)
+  local dropped=0 so excludes=(--exclude=./build --exclude=./gpu_out) applied=""
   so=flashext/_C$($PY -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
   cp "$so" /tmp/flashext_ab_a.so || return 1
   case $OUT in "$ROOT"/*) excludes+=("--exclude=./${OUT#"$ROOT"/}") ;; esac
+  ab_restore() {
+    [ -z "$applied" ] || patch -p1 -R -s <"$ROOT/$applied" || echo "ab: could not take back $applied"
+    applied=""
+    ab_unmark
+    cp /tmp/flashext_ab_a.so "$so"
+  }
+  trap 'ab_restore; exit 130' INT TERM
   for i in "${!patches[@]}"; do
     local name=${letters[$i]} dir=/tmp/flashext_ab_${letters[$i]} patch=${patches[$i]}
     pid[$name]=built
-    rm -rf "$dir" && mkdir -p "$dir" || return 1
+    rm -rf "$dir" && mkdir -p "$dir" || { ab_restore; trap - INT TERM; return 1; }
     if [ -n "$patch" ] && ! patch -p1 -s --dry-run <"$ROOT/$patch" >"$OUT/ab_build_$name.log" 2>&1; then
       echo "ab: variant $name ($patch) does not apply:"; tail -5 "$OUT/ab_build_$name.log"; pid[$name]=; dropped=1
       continue
     fi
-    [ -z "$patch" ] || patch -p1 -s <"$ROOT/$patch" || return 1
+    if [ -n "$patch" ]; then
+      mkdir -p build && sed -n 's|^+++ b/\([^[:space:]]*\).*|\1|p' "$ROOT/$patch" >"$AB_MARK"
+      patch -p1 -s <"$ROOT/$patch" || { ab_restore; trap - INT TERM; return 1; }
+      applied=$patch
+    fi
     FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} ${FLASHEXT_AB_FLAGS:-}" $PY setup.py build_ext --inplace \
       >>"$OUT/ab_build_$name.log" 2>&1 ||
       { echo "ab: variant $name ($patch) failed to build:"; tail -20 "$OUT/ab_build_$name.log"; pid[$name]=; dropped=1; }
     # the variant's tree without the build directory (its extension is in flashext/)
-    [ -z "${pid[$name]}" ] || tar -C "$ROOT" "${excludes[@]}" -cf - . |
-      tar -C "$dir" -xf - || return 1
-    [ -z "$patch" ] || patch -p1 -R -s <"$ROOT/$patch" || return 1
+    if [ -n "${pid[$name]}" ] && ! { tar -C "$ROOT" "${excludes[@]}" -cf - . | tar -C "$dir" -xf -; }; then
+      ab_restore; trap - INT TERM; return 1
+    fi
+    ab_restore
   done
-  cp /tmp/flashext_ab_a.so "$so" || return 1
+  trap - INT TERM
   echo "ab: variants built at ${SECONDS} s"
   if [ -n "${FLASHEXT_AB_TESTS:-}" ]; then  # each variant's own tests first: a faster wrong kernel is no result
     for i in "${!patches[@]}"; do

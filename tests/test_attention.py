@@ -150,13 +150,14 @@ def test_large_logits_stay_finite():
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_varlen(dtype):
+@pytest.mark.parametrize("head_dim", [128, 96, 40])  # (96 and 40: on the next kernel up, O copied out)
+def test_varlen(dtype, head_dim):
     lengths_q, lengths_k = [0, 1, 7, 300, 129, 1], [5, 0, 7, 250, 400, 1]
     cu_q = torch.tensor([0] + torch.tensor(lengths_q).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0] + torch.tensor(lengths_k).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    q = torch.randn(sum(lengths_q), 6, 128, device="cuda").to(dtype)
-    k = torch.randn(sum(lengths_k), 2, 128, device="cuda").to(dtype)
-    v = torch.randn(sum(lengths_k), 2, 128, device="cuda").to(dtype)
+    q = torch.randn(sum(lengths_q), 6, head_dim, device="cuda").to(dtype)
+    k = torch.randn(sum(lengths_k), 2, head_dim, device="cuda").to(dtype)
+    v = torch.randn(sum(lengths_k), 2, head_dim, device="cuda").to(dtype)
     for causal in (False, True):
         poison_cache(q)
         out, lse = flashext.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),

@@ -83,3 +83,34 @@ def test_twin_empty_cache_rows_see_nothing():
     out, lse = twin.attention_with_kvcache(q, kc, vc, lens, num_splits=3)
     assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
     check(q, kc, vc, lens, None, None, num_splits=3)
+
+
+def test_twin_clamps_lengths_and_page_ids():
+    # As the CUDA kernel: new tokens past the capacity are dropped, a negative length counts as 0,
+    # and page ids outside the cache are clamped into it.
+    g = torch.Generator().manual_seed(5)
+    rnd = lambda *shape: torch.randn(*shape, generator=g).to(torch.float16).to(DEVICE)  # noqa: E731
+    q, kc, vc, kn, vn = rnd(3, 2, 4, 16), rnd(3, 16, 2, 16), rnd(3, 16, 2, 16), rnd(3, 4, 2, 16), rnd(3, 4, 2, 16)
+    lens = torch.tensor([14, 16, -2], dtype=torch.int32, device=DEVICE)
+    want_k, want_v = kc.clone(), vc.clone()
+    want_k[0, 14:], want_v[0, 14:] = kn[0, :2], vn[0, :2]
+    want_k[2, :4], want_v[2, :4] = kn[2], vn[2]
+    out, _ = twin.attention_with_kvcache(q, kc, vc, lens, kn, vn, causal=True, num_splits=3)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    held = torch.tensor([16, 16, 4], dtype=torch.int32, device=DEVICE)
+    assert_close("twin past capacity", out, ref.attention_with_kvcache(q, kc, vc, held, causal=True),
+                 ref.attention_with_kvcache(q, kc, vc, held, causal=True, compute_dtype=q.dtype))
+    # paged: ids 99 and -3 of a 5-page cache land in pages 4 and 0
+    pages_k, pages_v = rnd(5, 8, 2, 16), rnd(5, 8, 2, 16)
+    table = torch.tensor([[0, 99], [-3, 1]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([6, 12], dtype=torch.int32, device=DEVICE)
+    want_k, want_v = pages_k.clone(), pages_v.clone()
+    want_k[0, 6:8], want_k[4, 0] = kn[0, :2], kn[0, 2]
+    want_v[1, 4:7] = vn[1, :3]
+    out, _ = twin.attention_with_kvcache(q[:2], pages_k, pages_v, lens, kn[:2, :3], vn[:2, :3], block_table=table)
+    assert torch.equal(pages_k[0, 6:8], want_k[0, 6:8]) and torch.equal(pages_k[4, 0], want_k[4, 0])
+    assert torch.equal(pages_v[1, 4:7], want_v[1, 4:7])
+    clamped = table.clamp(0, 4)
+    want = ref.attention_with_kvcache(q[:2], pages_k, pages_v, lens + 3, block_table=clamped)
+    base = ref.attention_with_kvcache(q[:2], pages_k, pages_v, lens + 3, block_table=clamped, compute_dtype=q.dtype)
+    assert_close("twin clamped pages", out, want, base)

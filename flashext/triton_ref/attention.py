@@ -496,8 +496,8 @@ def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tenso
 def attention_kvcache_split_kernel(
     Q, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, O_PART, LSE_PART,
     stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    stride_bt, seqlen_q, seqlen_new, head_dim, page_size, capacity, split_keys, scale, scale_log2, softcap,
-    window_left, window_right, batch,
+    stride_bt, seqlen_q, seqlen_new, head_dim, page_size, num_pages, capacity, split_keys, scale, scale_log2,
+    softcap, window_left, window_right, batch,
     H: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
@@ -506,12 +506,14 @@ def attention_kvcache_split_kernel(
     the split's range [split · split_keys, (split + 1) · split_keys) of the sequence's
     cache_seqlens[b] + seqlen_new tokens, gathered through the page table when PAGED. Writes the
     split's normalised partial output and lse (merged across splits afterwards). Lengths past the
-    capacity are clamped to it (a negative one counts as 0), as the CUDA kernel clamps them."""
+    capacity are clamped to it (a negative one counts as 0) and page ids into [0, num_pages), as
+    the CUDA kernel clamps them."""
     row_block = tl.program_id(0)
     b = tl.program_id(1) // (H // GROUP)
     kv_head = tl.program_id(1) % (H // GROUP)
     split = tl.program_id(2)
-    total_k = tl.minimum(tl.maximum(tl.load(CACHE_SEQLENS + b), 0) + seqlen_new, capacity)
+    cached = tl.maximum(tl.load(CACHE_SEQLENS + b), 0)
+    total_k = tl.where(cached >= capacity - seqlen_new, capacity, cached + seqlen_new)  # (no int32 overflow)
     rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     query = rows // GROUP  # query position
     head = kv_head * GROUP + rows % GROUP
@@ -531,8 +533,9 @@ def attention_kvcache_split_kernel(
     for n_start in range(n_lo, n_hi, BLOCK_N):
         offs_n = n_start + tl.arange(0, BLOCK_N)
         col_valid = offs_n < n_hi
-        if PAGED:  # token t at page block_table[b, t // page_size], slot t % page_size
-            page = tl.load(BLOCK_TABLE + b * stride_bt + offs_n // page_size, mask=col_valid, other=0).to(tl.int64)
+        if PAGED:  # token t at page block_table[b, t // page_size] (clamped into the cache), slot t % page_size
+            page = tl.load(BLOCK_TABLE + b * stride_bt + offs_n // page_size, mask=col_valid, other=0)
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
             k_rows = page * stride_kp + (offs_n % page_size) * stride_ks
             v_rows = page * stride_vp + (offs_n % page_size) * stride_vs
         else:
@@ -578,19 +581,21 @@ def kvcache_append_kernel(
     K_NEW, V_NEW, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE,
     stride_knb, stride_kns, stride_knh, stride_vnb, stride_vns, stride_vnh,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
-    seqlen_new, head_dim, page_size, capacity,
+    seqlen_new, head_dim, page_size, num_pages, capacity,
     BLOCK_D: tl.constexpr, PAGED: tl.constexpr,
 ):
     """Program (batch · seqlen_new + t, kv head): new token t of sequence b into the caches at
     position cache_seqlens[b] + t (a negative length counts as 0), through the page table when
-    PAGED; a token past the capacity is dropped."""
+    PAGED (page ids clamped into [0, num_pages)); a token past the capacity is dropped."""
     b = tl.program_id(0) // seqlen_new
     t = tl.program_id(0) % seqlen_new
     h = tl.program_id(1)
-    pos = tl.maximum(tl.load(CACHE_SEQLENS + b), 0) + t
-    if pos < capacity:
+    cached = tl.maximum(tl.load(CACHE_SEQLENS + b), 0)
+    if cached < capacity - t:  # (not cached + t < capacity: no int32 overflow)
+        pos = cached + t
         if PAGED:
-            page = tl.load(BLOCK_TABLE + b * stride_bt + pos // page_size).to(tl.int64)
+            page = tl.load(BLOCK_TABLE + b * stride_bt + pos // page_size)
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
             k_row = page * stride_kp + (pos % page_size) * stride_ks
             v_row = page * stride_vp + (pos % page_size) * stride_vs
         else:
@@ -659,8 +664,8 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_se
             k, v, k_cache, v_cache, cache_seqlens, block_table if paged else cache_seqlens,
             k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-            v_cache.stride(2), block_table.stride(0) if paged else 0, seqlen_new, head_dim, page_size, capacity,
-            BLOCK_D=_block_d(head_dim), PAGED=paged)
+            v_cache.stride(2), block_table.stride(0) if paged else 0, seqlen_new, head_dim, page_size, k_cache.shape[0],
+            capacity, BLOCK_D=_block_d(head_dim), PAGED=paged)
     split_keys = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
     group = heads // heads_kv
     o_part = torch.empty(num_splits, batch, seqlen_q, heads, head_dim, dtype=torch.float32, device=q.device)
@@ -672,8 +677,8 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_se
         q, k_cache, v_cache, cache_seqlens, block_table if paged else cache_seqlens, o_part, lse_part,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0) if paged else 0,
-        seqlen_q, seqlen_new, head_dim, page_size, capacity, split_keys, scale, scale * math.log2(math.e), softcap,
-        left, right, batch,
+        seqlen_q, seqlen_new, head_dim, page_size, k_cache.shape[0], capacity, split_keys, scale,
+        scale * math.log2(math.e), softcap, left, right, batch,
         H=heads, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim), PAGED=paged,
         HAS_SOFTCAP=softcap > 0, DOT_IN_FP32=_dot_in_fp32(q),
     )

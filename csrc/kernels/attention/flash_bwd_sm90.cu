@@ -551,13 +551,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::named_barrier_sync(kBarrierDs, 256);
     const int first_key = n_start + (kBlockN / 2) * c;
     if (varlen && first_key + kBlockN / 2 > seqlen_k) {
-      // 16-byte chunks of the rows in the sequence: chunk h of a row is slab h / 8, swizzled h % 8.
+      // 16-byte chunks of the rows in the sequence: chunk h of a row is slab h / 8, swizzled h % 8
+      // (of a head dim under the kernel's, only the tensors' own chunks).
       const int64_t k_row = rows_of_sequence().k_start + first_key;
       T* dk = static_cast<T*>(p.dk) + k_row * p.dk_row_stride + int64_t(kv_head) * p.dk_head_stride;
       T* dv = static_cast<T*>(p.dv) + k_row * p.dv_row_stride + int64_t(kv_head) * p.dv_head_stride;
       constexpr int kChunks = C::kHeadDim / 8;
       for (int i = threadIdx.x % 128; i < (seqlen_k - first_key) * kChunks; i += 128) {
         const int row = i / kChunks, h = i % kChunks;
+        if (8 * h >= p.head_dim) continue;
         const unsigned char* at = out + (h / 8) * kSlabBytesOut + row * 128 + (((h % 8) ^ (row % 8)) << 4);
         *reinterpret_cast<uint4*>(dk + int64_t(row) * p.dk_row_stride + 8 * h) = *reinterpret_cast<const uint4*>(at);
         *reinterpret_cast<uint4*>(dv + int64_t(row) * p.dv_row_stride + 8 * h) =

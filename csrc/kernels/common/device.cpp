@@ -16,7 +16,10 @@ std::atomic<HopperKernels>& hopper_kernels_mode() {
     for (const char* off : {"0", "false", "off", "no", "False", "OFF", "NO"}) {
       if (std::strcmp(value, off) == 0) return HopperKernels::kOff;
     }
-    return std::strcmp(value, "always") == 0 ? HopperKernels::kAlways : HopperKernels::kWhereFaster;
+    for (const char* always : {"always", "Always", "ALWAYS"}) {
+      if (std::strcmp(value, always) == 0) return HopperKernels::kAlways;
+    }
+    return HopperKernels::kWhereFaster;
   }()};
   return mode;
 }
