@@ -1,0 +1,66 @@
+"""The Hopper kernels' machine code in the built extension (no GPU needed: cuobjdump reads the
+library): every Hopper forward and backward kernel issues warpgroup MMAs (HGMMA) and touches no
+local memory (LDL / STL: register spills). Skips where the build holds no sm_90a code or no
+cuobjdump is found (the CUDA toolkit's, else the one Triton ships)."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flashext import _build
+
+
+def cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found is None and os.environ.get("CUDA_HOME"):
+        candidate = Path(os.environ["CUDA_HOME"]) / "bin" / "cuobjdump"
+        found = str(candidate) if candidate.exists() else None
+    if found is None:
+        try:
+            import triton
+        except ImportError:
+            return None
+        candidate = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        found = str(candidate) if candidate.exists() else None
+    return found
+
+
+@pytest.fixture(scope="module")
+def sass() -> dict[str, list[str]]:
+    """The extension's sm_90a functions: name -> instructions."""
+    if not _build.extension_loaded():
+        pytest.skip("the extension is not built")
+    if "sm_90a" not in _build.build_info()["cuda_archs"]:
+        pytest.skip("this build holds no sm_90a machine code")
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or Triton) to read the machine code with")
+    text = subprocess.run([tool, "-sass", _build._C.__file__], capture_output=True, text=True, check=True).stdout
+    functions: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        name = re.search(r"Function : (\S+)", line)
+        if name:
+            current = name.group(1)
+            functions[current] = []
+            continue
+        instruction = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
+        if instruction and current is not None:
+            functions[current].append(instruction.group(1))
+    return functions
+
+
+def test_hopper_kernels_use_wgmma_and_no_local_memory(sass):
+    forward = {name: code for name, code in sass.items() if "flash_fwd_sm90_kernel" in name}
+    backward = {name: code for name, code in sass.items() if "flash_bwd_sm90_kernel" in name}
+    # fp16 and bf16 of each config: the forward's five (D = 64 on 192- and 128-row blocks, 128, 256
+    # on 64- and 80-key blocks), the backward's four (D = 64 and 128, dense and general)
+    assert len(forward) == 10 and len(backward) == 8, sorted(sass)
+    for name, code in {**forward, **backward}.items():
+        assert any(re.search(r"\bHGMMA\b", i) for i in code), f"{name}: no HGMMA"
+        local = [i for i in code if re.search(r"\b(LDL|STL)\b", i)]
+        assert not local, f"{name}: local memory (spills): {local[:4]}"
