@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <random>
 #include <string>
@@ -15,6 +16,7 @@
 #include "common.h"
 #include "common/online_softmax.h"
 #include "flashext/attention.h"
+#include "flashext/merge_states.h"
 #include "attention/flash_fwd_sm90.h"
 
 namespace {
@@ -446,6 +448,96 @@ TYPED_TEST(FlashFwdKernel, BlockSparseAgainstCpuReference) {
   Case wide{1, 90, 200, 2, 2, 256, false, 30, 10};  // windows; one block row taller than Sq
   wide.block_rows = 100, wide.block_cols = 16;
   run_case<TypeParam>(wide);
+}
+
+// ---- GPU: the merge kernel against a CPU merge ----------------------------------------------
+
+// run_merge_attention_states on (B, S, H, D) halves against the merge in double precision: o_b a
+// strided view (every other head of a wider tensor), rows where one side or both are empty (lse
+// −inf, their o NaN: a weight of 0 must not read it), the output poisoned first.
+template <typename T>
+class MergeStatesKernel : public ::testing::Test {};
+using MergeTypes = ::testing::Types<float, __half, __nv_bfloat16>;
+TYPED_TEST_SUITE(MergeStatesKernel, MergeTypes);
+
+TYPED_TEST(MergeStatesKernel, AgainstCpuMerge) {
+  FX_SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  const int batch = 2, seqlen = 37, heads = 3, head_dim = 72;
+  const size_t rows = size_t(batch) * seqlen * heads;
+  std::mt19937 rng(uint32_t(17 + sizeof(T)));
+  std::vector<T> o_a = flashext_test::random_values<T>(rows * head_dim, rng, 1.0f);
+  std::vector<T> o_b_wide = flashext_test::random_values<T>(2 * rows * head_dim, rng, 1.0f);  // heads 2 apart
+  std::vector<float> lse_a = flashext_test::random_values<float>(rows, rng, 3.0f);
+  std::vector<float> lse_b = flashext_test::random_values<float>(rows, rng, 3.0f);
+  // lse layout (B, H, S); row r = (b, h, s): one side empty on some rows, both on others
+  for (size_t r = 0; r < rows; r += 7) lse_a[r] = -INFINITY;
+  for (size_t r = 0; r < rows; r += 5) lse_b[r] = -INFINITY;
+  const auto o_index = [&](int b, int s, int h, int d) {
+    return ((size_t(b) * seqlen + s) * heads + h) * head_dim + d;
+  };
+  const auto o_b_index = [&](int b, int s, int h, int d) {
+    return ((size_t(b) * seqlen + s) * 2 * heads + 2 * h) * head_dim + d;
+  };
+  const auto lse_index = [&](int b, int h, int s) { return (size_t(b) * heads + h) * seqlen + s; };
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int s = 0; s < seqlen; ++s) {
+        const size_t r = lse_index(b, h, s);
+        for (int d = 0; d < head_dim; ++d) {
+          if (std::isinf(lse_a[r])) o_a[o_index(b, s, h, d)] = flashext_test::from_float<T>(NAN);
+          if (std::isinf(lse_b[r])) o_b_wide[o_b_index(b, s, h, d)] = flashext_test::from_float<T>(NAN);
+        }
+      }
+  DeviceBuffer d_oa(o_a.size() * sizeof(T)), d_ob(o_b_wide.size() * sizeof(T)), d_o(o_a.size() * sizeof(T));
+  DeviceBuffer d_la(rows * 4), d_lb(rows * 4), d_l(rows * 4);
+  flashext_test::upload(d_oa.get(), o_a);
+  flashext_test::upload(d_ob.get(), o_b_wide);
+  flashext_test::upload(d_la.get(), lse_a);
+  flashext_test::upload(d_lb.get(), lse_b);
+  flashext::MergeStatesParams p;
+  p.o_a = d_oa.get(), p.o_b = d_ob.get(), p.o = d_o.get();
+  p.lse_a = d_la.at<float>(), p.lse_b = d_lb.at<float>(), p.lse = d_l.at<float>();
+  p.batch = batch, p.seqlen = seqlen, p.heads = heads, p.head_dim = head_dim;
+  const int64_t dense[3] = {int64_t(seqlen) * heads * head_dim, int64_t(heads) * head_dim, head_dim};
+  const int64_t wide[3] = {int64_t(seqlen) * 2 * heads * head_dim, int64_t(2) * heads * head_dim, 2 * head_dim};
+  const int64_t lse_strides[3] = {int64_t(heads) * seqlen, seqlen, 1};
+  std::copy(dense, dense + 3, p.o_a_strides);
+  std::copy(wide, wide + 3, p.o_b_strides);
+  std::copy(dense, dense + 3, p.o_strides);
+  for (int64_t* st : {p.lse_a_strides, p.lse_b_strides, p.lse_strides}) std::copy(lse_strides, lse_strides + 3, st);
+  p.dtype = flashext_test::dtype_of<T>();
+  FX_ASSERT_CUDA(flashext::run_merge_attention_states(p, nullptr));
+  FX_ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<T> o = flashext_test::download<T>(d_o.get(), o_a.size());
+  const std::vector<float> lse = flashext_test::download<float>(d_l.get(), rows);
+  // a 16-bit result rounds once (half an ulp: 2^-11 relative in fp16, 2^-8 in bf16), over fp32
+  // weights and sums (a few fp32 roundings: 1e-6)
+  const double rel = sizeof(T) == 4 ? 1e-6 : (std::is_same_v<T, __half> ? 1e-3 : 8e-3);
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int s = 0; s < seqlen; ++s) {
+        const size_t r = lse_index(b, h, s);
+        const double la = lse_a[r], lb = lse_b[r];
+        const double m = std::max(la, lb);
+        if (std::isinf(m)) {
+          EXPECT_TRUE(std::isinf(lse[r]) && lse[r] < 0) << "row " << r << ": both sides empty";
+        } else {
+          const double want_lse = m + std::log(std::exp(la - m) + std::exp(lb - m));
+          EXPECT_NEAR(lse[r], want_lse, 1e-5 * std::max(1.0, std::abs(want_lse))) << "row " << r;
+        }
+        const double total = std::isinf(m) ? 1.0 : std::exp(la - m) + std::exp(lb - m);
+        const double wa = std::isinf(la) ? 0.0 : std::exp(la - m) / total;
+        const double wb = std::isinf(lb) ? 0.0 : std::exp(lb - m) / total;
+        for (int d = 0; d < head_dim; ++d) {
+          const double va = wa == 0.0 ? 0.0 : wa * to_float(o_a[o_index(b, s, h, d)]);
+          const double vb = wb == 0.0 ? 0.0 : wb * to_float(o_b_wide[o_b_index(b, s, h, d)]);
+          const double want = std::isinf(m) ? 0.0 : va + vb;
+          const double got = to_float(o[o_index(b, s, h, d)]);
+          // (relative to the terms, which may cancel)
+          ASSERT_NEAR(got, want, rel * (std::abs(va) + std::abs(vb)) + 1e-6) << "row " << r << ", column " << d;
+        }
+      }
 }
 
 }  // namespace
