@@ -82,7 +82,7 @@ run_step() {  # run_step NAME COMMAND...: log it, time it, record pass/fail
 # The files an interrupted `ab` left built from a variant's sources (AB_MARK lists them): touched,
 # so that the build compiles them again from this tree's.
 AB_MARK=build/ab_variant_files
-ab_unmark() { [ -f "$AB_MARK" ] && { xargs -r touch <"$AB_MARK"; rm -f "$AB_MARK"; }; return 0; }
+ab_unmark() { [ -f "$AB_MARK" ] && { xargs -r touch -c <"$AB_MARK"; rm -f "$AB_MARK"; }; return 0; }
 build() { ab_unmark; $PY setup.py build_ext --inplace; }
 setup() { PYTHON=$PY bash scripts/setup.sh; }
 cpp_build() {  # cpp_build [DIR [ARCHS]]: the C++ tests, for the archs given (default: the build's)
@@ -258,43 +258,49 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
   # directory; A's extension is put back at the end. A variant that fails to apply, build or pass
   # its tests is reported and left out of the timings.
   # Whatever happens (a failure, a signal), the tree gets its sources back (touched, so that no
-  # variant's object is taken for A's) and A's extension: ab_restore, also on INT and TERM; AB_MARK
-  # tells a later build which files to recompile if even that did not run.
+  # variant's object is taken for A's) and A's extension: ab_restore, also on INT and TERM (PIPE
+  # ignored meanwhile: a TERM to the process group also ends run_step's tee, and a write to it
+  # must not end this shell before the restore); AB_MARK tells a later build which files to
+  # recompile if even that did not run.
   local -A pid=()
   local dropped=0 so excludes=(--exclude=./build --exclude=./gpu_out) applied=""
   so=flashext/_C$($PY -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
   cp "$so" /tmp/flashext_ab_a.so || return 1
   case $OUT in "$ROOT"/*) excludes+=("--exclude=./${OUT#"$ROOT"/}") ;; esac
   ab_restore() {
-    [ -z "$applied" ] || patch -p1 -R -s <"$ROOT/$applied" || echo "ab: could not take back $applied"
+    if [ -n "$applied" ] && patch -p1 -R -s --dry-run <"$ROOT/$applied" >/dev/null 2>&1; then
+      patch -p1 -R -s <"$ROOT/$applied" || echo "ab: could not take back $applied"
+    fi
     applied=""
     ab_unmark
     cp /tmp/flashext_ab_a.so "$so"
   }
-  trap 'ab_restore; exit 130' INT TERM
+  trap '' PIPE
+  trap 'ab_restore; exit 130' INT
+  trap 'ab_restore; exit 143' TERM
   for i in "${!patches[@]}"; do
     local name=${letters[$i]} dir=/tmp/flashext_ab_${letters[$i]} patch=${patches[$i]}
     pid[$name]=built
-    rm -rf "$dir" && mkdir -p "$dir" || { ab_restore; trap - INT TERM; return 1; }
+    rm -rf "$dir" && mkdir -p "$dir" || { ab_restore; trap - INT TERM PIPE; return 1; }
     if [ -n "$patch" ] && ! patch -p1 -s --dry-run <"$ROOT/$patch" >"$OUT/ab_build_$name.log" 2>&1; then
       echo "ab: variant $name ($patch) does not apply:"; tail -5 "$OUT/ab_build_$name.log"; pid[$name]=; dropped=1
       continue
     fi
     if [ -n "$patch" ]; then
       mkdir -p build && sed -n 's|^+++ b/\([^[:space:]]*\).*|\1|p' "$ROOT/$patch" >"$AB_MARK"
-      patch -p1 -s <"$ROOT/$patch" || { ab_restore; trap - INT TERM; return 1; }
-      applied=$patch
+      applied=$patch  # (before it applies: a signal during the patch takes back what it did)
+      patch -p1 -s <"$ROOT/$patch" || { ab_restore; trap - INT TERM PIPE; return 1; }
     fi
     FLASHEXT_NVCC_FLAGS="${FLASHEXT_NVCC_FLAGS:-} ${FLASHEXT_AB_FLAGS:-}" $PY setup.py build_ext --inplace \
       >>"$OUT/ab_build_$name.log" 2>&1 ||
       { echo "ab: variant $name ($patch) failed to build:"; tail -20 "$OUT/ab_build_$name.log"; pid[$name]=; dropped=1; }
     # the variant's tree without the build directory (its extension is in flashext/)
     if [ -n "${pid[$name]}" ] && ! { tar -C "$ROOT" "${excludes[@]}" -cf - . | tar -C "$dir" -xf -; }; then
-      ab_restore; trap - INT TERM; return 1
+      ab_restore; trap - INT TERM PIPE; return 1
     fi
     ab_restore
   done
-  trap - INT TERM
+  trap - INT TERM PIPE
   echo "ab: variants built at ${SECONDS} s"
   if [ -n "${FLASHEXT_AB_TESTS:-}" ]; then  # each variant's own tests first: a faster wrong kernel is no result
     for i in "${!patches[@]}"; do
