@@ -10,7 +10,7 @@ import torch
 
 import flashext
 from flashext import reference as ref
-from flashext.testing import assert_close
+from flashext.testing import assert_close, poison_cache
 from tests.helpers import CHECK_DEVICES, HALF_DTYPES, HALF_IDS, randn, requires_cuda
 
 
@@ -29,6 +29,9 @@ def paged(cache, page_size, generator):
 
 def check(q, k_cache, v_cache, lens, k=None, v=None, block_table=None, num_splits=0, **kwargs):
     want_k, want_v = k_cache.clone(), v_cache.clone()
+    # out and lse read NaN where the kernels leave them unwritten: the allocator's next blocks of
+    # their sizes filled with NaN
+    poison_cache(q, torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device))
     want, want_lse = ref.attention_with_kvcache(q, want_k, want_v, lens, k, v, block_table, return_lse=True, **kwargs)
     base, base_lse = ref.attention_with_kvcache(q, k_cache.clone(), v_cache.clone(), lens, k, v, block_table,
                                                 compute_dtype=q.dtype, return_lse=True, **kwargs)
@@ -88,6 +91,24 @@ def test_every_split_count_matches(num_splits):
     a = flashext.flash_attention_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
     b = flashext.flash_attention_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
     assert torch.equal(a, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("num_splits", [1, 3, 16, 64])
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_every_split_count_matches_paged_bf16(head_dim, num_splits):
+    # the same over a paged cache (splits starting mid-page), bf16, the other head dims
+    lens = torch.tensor([5, 1000, 2047], dtype=torch.int32, device="cuda")
+    q = randn(3, 1, 8, head_dim, dtype=torch.bfloat16)
+    kc, vc = (randn(3, 2048, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    g = torch.Generator().manual_seed(num_splits + head_dim)
+    pages_k, table = paged(kc, 16, g)
+    pages_v = torch.randn_like(pages_k)
+    t = torch.arange(kc.shape[1], device="cuda")
+    for b in range(3):
+        pages_v[table[b, t // 16].long(), t % 16] = vc[b]
+    kn, vn = (randn(3, 1, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    check(q, pages_k, pages_v, lens, kn, vn, block_table=table, num_splits=num_splits)
 
 
 @requires_cuda
