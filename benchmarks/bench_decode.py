@@ -7,7 +7,8 @@ decode  one query token, GQA 32 query / 8 KV heads, D = 128, fp16 and bf16, batc
         2 tensors · 2 bytes) for flashext.flash_attention_with_kvcache (dense cache, num_splits
         chosen by the op; flashext_split1: one split, to judge that choice), SDPA's cuDNN and flash
         backends and the naive math path (each on (B, H, 1, D) queries and (B, Hkv, S, D) caches
-        with enable_gqa), and a read-only anchor: one pass that reads the same K and V bytes (a
+        with enable_gqa; the math path only where B · S <= 2^18, as it materialises the scores and
+        repeats K and V per query head: not at 48 × 8K, 64 × 8K and 8 × 128K), and a read-only anchor: one pass that reads the same K and V bytes (a
         sum), the ceiling for this traffic. FLASHEXT_BENCH_DECODE_SPLITS="33,64" adds a column
         flashext_split<N> per split count (the heuristic's alternatives, for the notes).
 paged   flashext on the same caches as shuffled pages of 1, 16, 64 and 256 tokens against its
