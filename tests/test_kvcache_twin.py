@@ -114,3 +114,17 @@ def test_twin_clamps_lengths_and_page_ids():
     want = ref.attention_with_kvcache(q[:2], pages_k, pages_v, lens + 3, block_table=clamped)
     base = ref.attention_with_kvcache(q[:2], pages_k, pages_v, lens + 3, block_table=clamped, compute_dtype=q.dtype)
     assert_close("twin clamped pages", out, want, base)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_twin_nan_in_a_cache_stays_in_its_sequence(num_splits):
+    # A NaN key of sequence 0 makes its rows NaN (out and lse, as the reference's), with one split
+    # or several; sequence 1's rows stay finite and right.
+    q, kc, vc, lens, _, _, _ = make_case(2, 1, 4, 2, 16, [20, 30], 0, 32, torch.float16, 11)
+    kc[0, 7, 1, 3] = float("nan")
+    out, lse = twin.attention_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
+    want, want_lse = ref.attention_with_kvcache(q, kc, vc, lens, return_lse=True)
+    assert torch.equal(torch.isnan(out), torch.isnan(want)) and torch.isnan(out[0]).any()
+    assert torch.equal(torch.isnan(lse), torch.isnan(want_lse))
+    assert_close("twin nan: the other sequence", out[1], want[1],
+                 ref.attention_with_kvcache(q, kc, vc, lens, compute_dtype=q.dtype)[1])

@@ -616,14 +616,18 @@ def merge_splits_kernel(
 ):
     """Program (batch · Sq + s, head): the N-way merge_attention_states of the splits' partial
     outputs (splits, B, Sq, H, D) and lse (splits, B, H, Sq): weights exp(lse_i − lse) with lse the
-    logsumexp of the splits'; an empty split (lse −inf) weighs 0, all empty give 0 and −inf."""
+    logsumexp of the splits'; an empty split (lse −inf) weighs 0, all empty give 0 and −inf; a NaN
+    lse makes the row NaN (as the CUDA combine: tl.maximum alone would drop it)."""
     row = tl.program_id(0)
     head = tl.program_id(1)
     b = row // seqlen_q
     s = row % seqlen_q
     m = tl.full([], float("-inf"), dtype=tl.float32)
+    nan = tl.full([], 0, dtype=tl.int1)
     for i in range(num_splits):
-        m = tl.maximum(m, tl.load(LSE_PART + ((i * batch + b) * H + head) * seqlen_q + s))
+        lse_i = tl.load(LSE_PART + ((i * batch + b) * H + head) * seqlen_q + s)
+        m = tl.maximum(m, lse_i)
+        nan = nan | (lse_i != lse_i)
     empty = m == float("-inf")
     safe_m = tl.where(empty, 0.0, m)
     offs_d = tl.arange(0, BLOCK_D)
@@ -638,10 +642,11 @@ def merge_splits_kernel(
         acc += tl.where(w == 0.0, 0.0, w * o)  # an empty split's partial may hold anything
         total += w
     out = tl.where(empty, 0.0, acc / tl.where(empty, 1.0, total))
+    out = tl.where(nan, float("nan"), out)
     tl.store(O + b.to(tl.int64) * stride_ob + s * stride_os + head * stride_oh + offs_d,
              to_dtype(out, O.dtype.element_ty), mask=d_valid)
-    tl.store(LSE + (b * H + head) * seqlen_q + s, tl.where(empty, float("-inf"), safe_m + tl.log(tl.where(empty, 1.0,
-                                                                                                           total))))
+    lse = tl.where(empty, float("-inf"), safe_m + tl.log(tl.where(empty, 1.0, total)))
+    tl.store(LSE + (b * H + head) * seqlen_q + s, tl.where(nan, float("nan"), lse))
 
 
 def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
