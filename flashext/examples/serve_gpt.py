@@ -1,6 +1,7 @@
 """Generate with a small GPT from a paged KV cache: prefill by flash_attention_varlen, decode by
 flash_attention_with_kvcache, each decode step one CUDA-graph replay; against the same model's
-loop on F.scaled_dot_product_attention with a dense cache. Greedy decoding: both must produce the
+loop on F.scaled_dot_product_attention with a dense (static, masked) cache, run eagerly (sdpa) and
+with each step one CUDA-graph replay too (sdpa_graph: the host's share taken out). Greedy decoding: both must produce the
 same tokens, up to ties: where a sequence's tokens first differ, both loops had the same inputs, so
 the token flashext chose must be within rounding of SDPA's best there; the example reports SDPA's
 logit gap between the two tokens at each first divergence, against the top-two gaps of all steps.
@@ -123,18 +124,22 @@ class FlashextServer:
 
 
 class SdpaServer:
-    """The same model on F.scaled_dot_product_attention with dense (B, H, S, D) caches."""
+    """The same model on F.scaled_dot_product_attention with dense (B, H, S, D) caches, masked to
+    each sequence's length (a static cache, as Hugging Face's): its decode step keeps the lengths on
+    the device, so it can be captured in a CUDA graph too."""
 
     def __init__(self, weights, batch: int, capacity: int):
         self.w, self.batch, self.capacity = weights, batch, capacity
         shape = (batch, HEADS_KV, capacity, HEAD_DIM)
         self.k = [torch.zeros(shape, dtype=torch.bfloat16, device="cuda") for _ in range(LAYERS)]
         self.v = [torch.zeros(shape, dtype=torch.bfloat16, device="cuda") for _ in range(LAYERS)]
-        self.lengths: list[int] = []
+        self.lengths = torch.zeros(batch, dtype=torch.long, device="cuda")
+        self.keys = torch.arange(capacity, device="cuda")
+        self.rows = torch.arange(batch, device="cuda")
 
     def prefill(self, prompts):
         logits = []
-        self.lengths = [len(p) for p in prompts]
+        self.lengths.copy_(torch.tensor([len(p) for p in prompts]))
         for b, prompt in enumerate(prompts):
             x = self.w["embed"][prompt][None]
             positions = torch.arange(len(prompt), device="cuda")[None]
@@ -150,20 +155,18 @@ class SdpaServer:
         return torch.stack(logits)
 
     def decode_step(self, tokens):
-        lengths = torch.tensor(self.lengths, device="cuda")
+        lengths = self.lengths
         x = self.w["embed"][tokens][:, None]
-        keys = torch.arange(self.capacity, device="cuda")
-        visible = keys[None, :] <= lengths[:, None]  # the new token sees its cache and itself
+        visible = self.keys[None, :] <= lengths[:, None]  # the new token sees its cache and itself
         for i, layer in enumerate(self.w["layers"]):
             def attend(q, k, v, i=i):
-                rows = torch.arange(self.batch, device="cuda")
-                self.k[i][rows, :, lengths] = k[:, 0]
-                self.v[i][rows, :, lengths] = v[:, 0]
+                self.k[i][self.rows, :, lengths] = k[:, 0]
+                self.v[i][self.rows, :, lengths] = v[:, 0]
                 out = F.scaled_dot_product_attention(q.transpose(1, 2), self.k[i], self.v[i],
                                                      attn_mask=visible[:, None, None, :], enable_gqa=True)
                 return out.transpose(1, 2)
             x = block(layer, x, lengths[:, None], attend, False)
-        self.lengths = [n + 1 for n in self.lengths]
+        self.lengths.add_(1)
         return F.layer_norm(x[:, 0], (WIDTH,)) @ self.w["head"].T
 
 
@@ -213,6 +216,27 @@ def main(argv=None) -> dict:
                     sdpa_logits.append(logits)
             torch.cuda.synchronize()
             results[name] = args.batch * (args.new - 1) / (time.perf_counter() - start)
+        # The SDPA loop once more with each step one CUDA-graph replay, as ours: the host's part of
+        # the comparison taken out (a fresh server and prefill, the same capture as ours above).
+        sdpa_g = SdpaServer(weights, args.batch, capacity)
+        first_g = sdpa_g.prefill(prompts)
+        g_tokens = first_g.argmax(-1).int()
+        lengths_before = sdpa_g.lengths.clone()
+        sdpa_g.decode_step(g_tokens)
+        sdpa_g.lengths.copy_(lengths_before)
+        sdpa_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(sdpa_graph):
+            g_logits = sdpa_g.decode_step(g_tokens)
+        sdpa_g.lengths.copy_(lengths_before)
+        generated["sdpa_graph"] = [first_g.argmax(-1).int()]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(args.new - 1):
+            g_tokens.copy_(generated["sdpa_graph"][-1])
+            sdpa_graph.replay()
+            generated["sdpa_graph"].append(g_logits.argmax(-1).int())
+        torch.cuda.synchronize()
+        results["sdpa_graph"] = args.batch * (args.new - 1) / (time.perf_counter() - start)
     step_logits = [first_sdpa.float()] + [logits.float() for logits in sdpa_logits]  # step t made token t
     gaps = torch.cat([(top2[:, 0] - top2[:, 1]) for top2 in (logits.topk(2, dim=-1).values for logits in step_logits)])
     ours_tokens, sdpa_tokens = torch.stack(generated["flashext"], 1), torch.stack(generated["sdpa"], 1)
@@ -227,7 +251,10 @@ def main(argv=None) -> dict:
     print(f"batch {args.batch}, prompts up to {args.prompt}, {args.new} new tokens on {torch.cuda.get_device_name()}:")
     for name, tps in results.items():
         print(f"  {name:9} {tps:9.0f} tokens/s")
-    print(f"  flashext / sdpa: {results['flashext'] / results['sdpa']:.2f}x")
+    print(f"  flashext / sdpa: {results['flashext'] / results['sdpa']:.2f}x, "
+          f"flashext / sdpa_graph: {results['flashext'] / results['sdpa_graph']:.2f}x")
+    graph_same = int((torch.stack(generated["sdpa_graph"], 1) == sdpa_tokens).all(1).sum())
+    print(f"  sdpa_graph's greedy tokens equal sdpa's in {graph_same} of {args.batch} sequences")
     print(f"  identical greedy tokens: {int(same.sum())} of {args.batch} sequences")
     largest = max(divergence_gaps, default=0.0)
     share = float((gaps <= largest).float().mean())  # of all steps' top-two gaps, the share at most that
@@ -236,7 +263,7 @@ def main(argv=None) -> dict:
               f"{largest:.4f} (the top-two gap of all steps is that small at {100 * share:.1f} % of them; "
               f"median {float(gaps.median()):.4f})")
     summary = {"tokens_per_s": results, "identical": int(same.sum()), "batch": args.batch, "prompt": args.prompt,
-               "new": args.new, "divergence_gaps": divergence_gaps, "top2_gap_median": float(gaps.median()),
+               "new": args.new, "sdpa_graph_identical_to_sdpa": graph_same, "divergence_gaps": divergence_gaps, "top2_gap_median": float(gaps.median()),
                "share_of_steps_within_largest_divergence_gap": share, "gpu": torch.cuda.get_device_name(),
                "torch": torch.__version__, "commit": git_commit()}
     if args.out is not None:
