@@ -1,10 +1,11 @@
 """Generate with a small GPT from a paged KV cache: prefill by flash_attention_varlen, decode by
 flash_attention_with_kvcache, each decode step one CUDA-graph replay; against the same model's
 loop on F.scaled_dot_product_attention with a dense (static, masked) cache, run eagerly (sdpa) and
-with each step one CUDA-graph replay too (sdpa_graph: the host's share taken out). Greedy decoding: both must produce the
-same tokens, up to ties: where a sequence's tokens first differ, both loops had the same inputs, so
-the token flashext chose must be within rounding of SDPA's best there; the example reports SDPA's
-logit gap between the two tokens at each first divergence, against the top-two gaps of all steps.
+with each step one CUDA-graph replay too (sdpa_graph: the host's share taken out). Greedy
+decoding: both must produce the same tokens, up to ties: where a sequence's tokens first differ,
+both loops had the same inputs, so the token flashext chose must be within rounding of SDPA's best
+there; the example reports SDPA's logit gap between the two tokens at each first divergence,
+against the top-two gaps of all steps.
 
     python -m flashext.examples.serve_gpt [--batch 32] [--prompt 512] [--new 128] [--out DIR]
 
@@ -263,7 +264,8 @@ def main(argv=None) -> dict:
               f"{largest:.4f} (the top-two gap of all steps is that small at {100 * share:.1f} % of them; "
               f"median {float(gaps.median()):.4f})")
     summary = {"tokens_per_s": results, "identical": int(same.sum()), "batch": args.batch, "prompt": args.prompt,
-               "new": args.new, "sdpa_graph_identical_to_sdpa": graph_same, "divergence_gaps": divergence_gaps, "top2_gap_median": float(gaps.median()),
+               "new": args.new, "sdpa_graph_identical_to_sdpa": graph_same, "divergence_gaps": divergence_gaps,
+               "top2_gap_median": float(gaps.median()),
                "share_of_steps_within_largest_divergence_gap": share, "gpu": torch.cuda.get_device_name(),
                "torch": torch.__version__, "commit": git_commit()}
     if args.out is not None:
