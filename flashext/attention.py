@@ -36,16 +36,15 @@ def use_hopper_kernels(enabled: bool | str = True) -> bool | str:
     128, dense or varlen). Forbidden, every call runs the portable FA2-design kernels, as on other
     GPUs: to compare the two, or as a fallback. "always": the Hopper kernels serve every call they
     can take, also where the portable ones are faster (the forward at D <= 64 under 512 keys): to
-    test them on every shape. Process-wide and read as each call runs (under torch.compile too; a captured CUDA
-    graph keeps the kernels of its capture). Returns the previous setting. The environment
-    variable FLASHEXT_HOPPER=0 (or =always) sets the starting value."""
+    test them on every shape. Process-wide and read as each call runs (under torch.compile too; a
+    captured CUDA graph keeps the kernels of its capture). Returns the previous setting. The
+    environment variable FLASHEXT_HOPPER=0 (or =always) sets the starting value."""
     from . import _build
 
-    if isinstance(enabled, str) and enabled != "always" or enabled not in _HOPPER_MODES:
+    if enabled not in _HOPPER_MODES:
         raise ValueError(f"use_hopper_kernels: enabled must be True, False or 'always', got {enabled!r}")
     _build.require_extension()
-    mode = 2 if enabled == "always" else int(bool(enabled))
-    return _HOPPER_MODES[_build._C.set_hopper_kernels(mode)]
+    return _HOPPER_MODES[_build._C.set_hopper_kernels(_HOPPER_MODES.index(enabled))]
 
 
 def _hopper_forward_available() -> bool:

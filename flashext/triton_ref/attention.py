@@ -493,6 +493,18 @@ def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tenso
 
 
 @triton.jit
+def cache_slots(b, tokens, valid, BLOCK_TABLE, stride_bt, page_size, num_pages, PAGED: tl.constexpr):
+    """Where `tokens` (a block or a scalar) of sequence b live in a KV cache, as flash_decode.cu's
+    cache_row: (b, t) in a dense cache, or (page block_table[b, t // page_size] clamped into
+    [0, num_pages), slot t % page_size); a row's offset is first · page stride + second · row stride."""
+    if PAGED:
+        page = tl.load(BLOCK_TABLE + b * stride_bt + tokens // page_size, mask=valid, other=0)
+        return tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64), tokens % page_size
+    else:
+        return b.to(tl.int64), tokens
+
+
+@triton.jit
 def attention_kvcache_split_kernel(
     Q, K_CACHE, V_CACHE, CACHE_SEQLENS, BLOCK_TABLE, O_PART, LSE_PART,
     stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -533,14 +545,9 @@ def attention_kvcache_split_kernel(
     for n_start in range(n_lo, n_hi, BLOCK_N):
         offs_n = n_start + tl.arange(0, BLOCK_N)
         col_valid = offs_n < n_hi
-        if PAGED:  # token t at page block_table[b, t // page_size] (clamped into the cache), slot t % page_size
-            page = tl.load(BLOCK_TABLE + b * stride_bt + offs_n // page_size, mask=col_valid, other=0)
-            page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
-            k_rows = page * stride_kp + (offs_n % page_size) * stride_ks
-            v_rows = page * stride_vp + (offs_n % page_size) * stride_vs
-        else:
-            k_rows = b.to(tl.int64) * stride_kp + offs_n * stride_ks
-            v_rows = b.to(tl.int64) * stride_vp + offs_n * stride_vs
+        unit, slot = cache_slots(b, offs_n, col_valid, BLOCK_TABLE, stride_bt, page_size, num_pages, PAGED)
+        k_rows = unit * stride_kp + slot * stride_ks
+        v_rows = unit * stride_vp + slot * stride_vs
         kv_mask = col_valid[:, None] & d_valid[None, :]
         k = tl.load(K_CACHE + k_rows[:, None] + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V_CACHE + v_rows[:, None] + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
@@ -593,14 +600,9 @@ def kvcache_append_kernel(
     cached = tl.maximum(tl.load(CACHE_SEQLENS + b), 0)
     if cached < capacity - t:  # (not cached + t < capacity: no int32 overflow)
         pos = cached + t
-        if PAGED:
-            page = tl.load(BLOCK_TABLE + b * stride_bt + pos // page_size)
-            page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
-            k_row = page * stride_kp + (pos % page_size) * stride_ks
-            v_row = page * stride_vp + (pos % page_size) * stride_vs
-        else:
-            k_row = b.to(tl.int64) * stride_kp + pos * stride_ks
-            v_row = b.to(tl.int64) * stride_vp + pos * stride_vs
+        unit, slot = cache_slots(b, pos, True, BLOCK_TABLE, stride_bt, page_size, num_pages, PAGED)
+        k_row = unit * stride_kp + slot * stride_ks
+        v_row = unit * stride_vp + slot * stride_vs
         offs_d = tl.arange(0, BLOCK_D)
         d_valid = offs_d < head_dim
         k = tl.load(K_NEW + b.to(tl.int64) * stride_knb + t * stride_kns + h * stride_knh + offs_d, mask=d_valid)

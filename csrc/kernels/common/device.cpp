@@ -1,8 +1,8 @@
 #include "device.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <initializer_list>
+#include <strings.h>
 
 #include "flashext/common.h"
 
@@ -11,15 +11,12 @@ namespace flashext {
 namespace {
 std::atomic<HopperKernels>& hopper_kernels_mode() {
   static std::atomic<HopperKernels> mode{[] {
-    const char* value = std::getenv("FLASHEXT_HOPPER");  // "0", "false", "off", "no"; "always"
+    const char* value = std::getenv("FLASHEXT_HOPPER");  // "0", "false", "off", "no"; "always" (any case)
     if (value == nullptr) return HopperKernels::kWhereFaster;
-    for (const char* off : {"0", "false", "off", "no", "False", "OFF", "NO"}) {
-      if (std::strcmp(value, off) == 0) return HopperKernels::kOff;
+    for (const char* off : {"0", "false", "off", "no"}) {
+      if (strcasecmp(value, off) == 0) return HopperKernels::kOff;
     }
-    for (const char* always : {"always", "Always", "ALWAYS"}) {
-      if (std::strcmp(value, always) == 0) return HopperKernels::kAlways;
-    }
-    return HopperKernels::kWhereFaster;
+    return strcasecmp(value, "always") == 0 ? HopperKernels::kAlways : HopperKernels::kWhereFaster;
   }()};
   return mode;
 }
