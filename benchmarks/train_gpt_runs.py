@@ -17,36 +17,33 @@ import sys
 from pathlib import Path
 
 
-def gather(runs: list[Path], mode: str) -> dict | None:
+def gather(runs: list[Path], mode: str) -> tuple[dict, Path | None, dict] | None:
+    """This mode's entry of train_gpt_runs.json, the run directory to copy the plots from (the
+    median run by the ratio to sdpa_default, else to the first other variant) and the first run's
+    summary (for the GPU, torch and commit); None when no run has the mode."""
     found = [(i + 1, run, json.loads((run / f"train_gpt_{mode}.json").read_text()))
              for i, run in enumerate(runs) if (run / f"train_gpt_{mode}.json").exists()]
     if not found:
         return None
-    entry = {"runs": [], "flashext_over": {}}
-    for number, _, summary in found:
-        entry["runs"].append({
-            "run": number,
-            "tokens_per_s": {variant: r["tokens_per_s"] for variant, r in summary["results"].items()},
-            "flashext_over": summary.get("flashext_over", {}),
-            "smoothed_loss_gap": summary.get("largest_gap", {}).get("smoothed_loss_gap"),
-        })
-    others = [v for v in found[0][2]["results"] if v != "flashext"]
-    if "flashext" not in found[0][2]["results"]:
-        others = []
-    for variant in others:
-        ratios = [s["results"]["flashext"]["tokens_per_s"] / s["results"][variant]["tokens_per_s"]
-                  for _, _, s in found]
-        entry["flashext_over"][variant] = {"median": statistics.median(ratios), "min": min(ratios),
-                                           "max": max(ratios)}
-    key = "sdpa_default" if "sdpa_default" in others else (others[0] if others else None)
-    if key is not None:
-        ranked = sorted(found, key=lambda f: f[2]["results"]["flashext"]["tokens_per_s"]
-                        / f[2]["results"][key]["tokens_per_s"])
-        number, run, _ = ranked[(len(ranked) - 1) // 2]
-        entry["committed_run"] = number
-        entry["committed_run_ranked_by"] = key
-        entry["source"] = run
-    return entry
+    entry = {"runs": [{"run": number,
+                       "tokens_per_s": {variant: r["tokens_per_s"] for variant, r in summary["results"].items()},
+                       "flashext_over": summary.get("flashext_over", {}),
+                       "smoothed_loss_gap": summary.get("largest_gap", {}).get("smoothed_loss_gap")}
+                      for number, _, summary in found],
+             "flashext_over": {}}
+    variants = found[0][2]["results"]
+    others = [v for v in variants if v != "flashext"] if "flashext" in variants else []
+    ratio = lambda summary, other: (summary["results"]["flashext"]["tokens_per_s"]  # noqa: E731
+                                    / summary["results"][other]["tokens_per_s"])
+    for other in others:
+        ratios = [ratio(summary, other) for _, _, summary in found]
+        entry["flashext_over"][other] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    source = None
+    if others:
+        key = "sdpa_default" if "sdpa_default" in others else others[0]
+        number, source, _ = sorted(found, key=lambda f: ratio(f[2], key))[(len(found) - 1) // 2]
+        entry["committed_run"], entry["committed_run_ranked_by"] = number, key
+    return entry, source, found[0][2]
 
 
 def main(argv: list[str]) -> int:
@@ -60,11 +57,10 @@ def main(argv: list[str]) -> int:
               "modes": {}}
     out.mkdir(parents=True, exist_ok=True)
     for mode in ("eager", "compiled"):
-        entry = gather(runs, mode)
-        if entry is None:
+        gathered = gather(runs, mode)
+        if gathered is None:
             continue
-        source = entry.pop("source", None)
-        first = json.loads((runs[entry["runs"][0]["run"] - 1] / f"train_gpt_{mode}.json").read_text())
+        entry, source, first = gathered
         for key in ("gpu", "torch", "commit", "steps", "batch"):
             result.setdefault(key, first.get(key))
         result["modes"][mode] = entry

@@ -14,7 +14,8 @@ import torch
 import flashext
 from flashext import attention, reference as ref
 from flashext.testing import GRADIENT_FACTOR, assert_close
-from tests.helpers import HALF_DTYPES as DTYPES, HALF_IDS as DTYPE_IDS, at_offset, check_attention, make_qkv
+from tests.helpers import HALF_DTYPES as DTYPES, HALF_IDS as DTYPE_IDS, at_offset, check_attention, kernel_names
+from tests.helpers import make_qkv
 
 requires_hopper = pytest.mark.skipif(not attention._hopper_forward_available(),
                                      reason="needs an sm_90 GPU and a build with sm_90a code")
@@ -185,8 +186,6 @@ def test_dispatch_by_head_dim_and_length(mode):
     # flash_attention's forward: by default the Hopper kernel on its D = 128 and 256 kernels (head
     # dims 72-256) at every length and on its D = 64 kernel (head dims 8-64) from 512 keys, where it
     # is the faster; the FA2-design kernel elsewhere; "always" takes D <= 64 at every length too.
-    from tests.helpers import kernel_names
-
     previous = flashext.use_hopper_kernels(mode)
     try:
         for head_dim, seqlen_k, default in ((64, 511, False), (64, 512, True), (128, 33, True), (256, 33, True),

@@ -262,8 +262,8 @@ def kvcache_call(rng, device):
         kwargs["block_table"] = kwargs["block_table"].long()
     elif kind == "head_dim":
         d = bad_head_dim(rng)
-        q, kc, vc = t([batch, 1, heads, d], dtype, device), t(cache[:3] + [d], dtype, device), t(cache[:3] + [d], dtype,
-                                                                                                device)
+        q = t([batch, 1, heads, d], dtype, device)
+        kc, vc = (t(cache[:3] + [d], dtype, device) for _ in range(2))
     return flashext.flash_attention_with_kvcache, (q, kc, vc, lens), kwargs, [kind]
 
 
