@@ -46,6 +46,18 @@ def test_causal_units_on_persistent_ctas(dtype, head_dim):
 
 
 @requires_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_short_last_blocks_on_persistent_ctas(dtype, head_dim):
+    # Unmasked dense calls on fewer CTAs than tiles (a CTA per SM striding over them), whose last
+    # query block of each head is short: 1000 rows are 5 blocks of 192 and 40 rows at D = 64 (two
+    # of its three consumer warpgroups without a row), 1050 are 8 of 128 and 26 rows at D = 128
+    # and 256 (one of two); 3 sequences of 11 query heads (GQA 11 / 1 and MHA), 198 or 297 tiles.
+    for heads_kv in (1, 11):
+        check_attention(*make_qkv(3, 1000 if head_dim == 64 else 1050, 777, 11, heads_kv, head_dim, dtype), attend)
+
+
+@requires_hopper
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_long_masked_calls_at_d64(dtype):
     # D = 64 under a mask that leaves a row 4K keys or more: 192-row blocks on three consumers.
