@@ -68,12 +68,13 @@ def test_head_dims(dtype, head_dim):
 
 
 @requires_cuda
-@pytest.mark.parametrize("head_dim", [200, 256])
+@pytest.mark.parametrize("head_dim", [64, 200, 256])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_persistent_blocks(dtype, head_dim):
     # Uniform work (no mask, no window, dense) with about three times the query blocks that fit on
     # the GPU at once: the D = 256 kernel's resident blocks walk several tiles each, requesting the
-    # next tile's Q and first K during the current one's last key block (odd lengths: partial tiles).
+    # next tile's Q and first K during the current one's last key block (odd lengths: partial tiles;
+    # at D = 64 on the Hopper path, 3183 rows: 16 blocks of 192 and a short one of 111 rows).
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     seqlen_q = 64 * (3 * 2 * sms // 16 + 1) - 17  # 2 blocks per SM, 16 (batch, head) pairs
     check(*make(2, seqlen_q, 333, 8, 2, head_dim, dtype))
