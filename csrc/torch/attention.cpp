@@ -17,7 +17,6 @@
 #include <initializer_list>
 #include <optional>
 #include <tuple>
-#include <vector>
 
 #include "common.h"
 #include "flashext/attention.h"
@@ -230,32 +229,14 @@ bool hopper_kernels_take(std::initializer_list<std::reference_wrapper<const at::
   return flashext::hopper_kernels_enabled() && flashext::flash_fwd_sm90_supported(major, minor);
 }
 
-// The Hopper forward of p. A head dim between the kernels' (64, 128, 256) runs on the next one up,
-// which writes O that wide: into a wide buffer (zeroed where the kernel may leave rows unwritten,
-// varlen's rows no sequence covers), whose first head_dim columns are then copied to out.
-cudaError_t run_forward_sm90(const flashext::FlashFwdParams& p, const at::Tensor& out, cudaStream_t stream) {
-  const int columns = flashext::flash_fwd_kernel_head_dim(p.head_dim);
-  if (columns == p.head_dim) return flashext::run_flash_fwd_sm90(p, stream);
-  std::vector<int64_t> sizes = out.sizes().vec();
-  sizes.back() = columns;
-  const at::Tensor wide =
-      p.cu_seqlens_q != nullptr ? at::zeros(sizes, out.options()) : at::empty(sizes, out.options());
-  flashext::FlashFwdParams w = p;
-  w.o = wide.data_ptr();
-  set_strides(w.o_batch_stride, w.o_row_stride, w.o_head_stride, wide);
-  const cudaError_t err = flashext::run_flash_fwd_sm90(w, stream, columns);
-  if (err == cudaSuccess) out.copy_(wide.narrow(-1, 0, p.head_dim));
-  return err;
-}
-
 // The forward of a dense or varlen call: the Hopper kernel where hopper_forward_serves, there are
 // keys and hopper_kernels_take the inputs; else the FA2-design kernel.
 cudaError_t run_forward(const flashext::FlashFwdParams& p, const at::Tensor& q, const at::Tensor& k,
-                        const at::Tensor& v, const at::Tensor& out) {
+                        const at::Tensor& v) {
   const bool keys = p.seqlen_k > 0 && (p.cu_seqlens_q == nullptr || (p.total_q > 0 && p.total_k > 0));
   const bool hopper =
       hopper_forward_serves(p.head_dim, p.seqlen_k) && keys && hopper_kernels_take({q, k, v});
-  return hopper ? run_forward_sm90(p, out, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));
+  return hopper ? flashext::run_flash_fwd_sm90(p, current_stream(q)) : flashext::run_flash_fwd(p, current_stream(q));
 }
 
 std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -273,7 +254,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd(const at::Tensor& q_in, const 
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, q.size(1), k.size(1), nullptr, nullptr,
                                                       align_top_left);
-  check_launch(kFlash, run_forward(p, q, k, v, out));
+  check_launch(kFlash, run_forward(p, q, k, v));
   return {out, lse};
 }
 
@@ -302,7 +283,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_varlen_fwd(const at::Tensor& q_in,
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, max_seqlen_q, max_seqlen_k,
                                                       &cu_seqlens_q, &cu_seqlens_k);
-  check_launch(kFlashVarlen, run_forward(p, q, k, v, out));
+  check_launch(kFlashVarlen, run_forward(p, q, k, v));
   return {out, lse};
 }
 
@@ -337,7 +318,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_fwd_sm90(const at::Tensor& q_in, c
   const at::Tensor q = aligned_rows(q_in), k = aligned_rows(k_in), v = aligned_rows(v_in);
   const flashext::FlashFwdParams p = attention_params(q, k, v, out, lse, causal, softmax_scale, window_left,
                                                       window_right, softcap, q.size(1), k.size(1));
-  check_launch(kSm90, run_forward_sm90(p, out, current_stream(q)));
+  check_launch(kSm90, flashext::run_flash_fwd_sm90(p, current_stream(q)));
   return {out, lse};
 }
 

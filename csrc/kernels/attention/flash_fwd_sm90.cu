@@ -4,8 +4,7 @@
 // (flash_fwd_sm90.h says who calls, checks and times it).
 //
 // D = 64, 128 and 256 (other multiples of 8 up to 256 on the next of these: the TMA reads q, k
-// and v's columns past their head dim as zeros; O gets the kernel's columns, so its caller gives a
-// buffer that wide), dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
+// and v's columns past their head dim as zeros, and the epilogue stores only O's own), dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
 // 192 rows at D = 64 unless a causal or windowed call's rows see under 4K keys, else 128, head,
 // sequence): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1, 2 (and 3)
 // consume 64 query rows each. Q and two stages of K and V live in shared memory as 64-column slabs
@@ -470,8 +469,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       kv_uses += num_n_blocks;
     }
 
-    // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse (all
-    // kHeadDim columns of O: a smaller head dim's caller gives O that many).
+    // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse.
     const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
     const int64_t lse_offset = varlen ? x.row_q : int64_t(x.batch) * p.lse_batch_stride;
     T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
@@ -485,6 +483,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       const float inv = total > 0.0f ? 1.0f / total : 0.0f;
 #pragma unroll
       for (int i = 0; i < kHeadDim / 8; ++i) {
+        if (8 * i >= p.head_dim) break;  // (a head dim under the kernel's: O has only its own columns)
         const int col = 8 * i + 2 * quad;
         *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
             ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv, acc_o[4 * i + 2 * r + 1] * inv);
@@ -546,12 +545,11 @@ bool flash_fwd_sm90_supported(int major, int minor) {
   return major == 9 && minor == 0 && std::strstr(compiled_cuda_archs(), "90a") != nullptr;
 }
 
-cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream, int o_columns) {
+cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using namespace attention_detail;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int kernel_head_dim = flash_fwd_kernel_head_dim(p.head_dim);  // 64, 128 or 256 (0: none)
-  if (kernel_head_dim == 0 || std::max(o_columns, p.head_dim) < kernel_head_dim ||
-      varlen != (p.cu_seqlens_k != nullptr) ||
+  if (kernel_head_dim == 0 || varlen != (p.cu_seqlens_k != nullptr) ||
       p.block_mask != nullptr || p.batch < 0 || p.heads <= 0 || p.heads_kv <= 0 || p.heads % p.heads_kv != 0 ||
       p.seqlen_q < 0) {
     return cudaErrorInvalidValue;

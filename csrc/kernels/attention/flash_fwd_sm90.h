@@ -5,11 +5,9 @@
 // FlashFwdKernel.Sm90AgainstCpuReference (tests/cpp/test_attention.cpp) and
 // tests/test_attention_sm90.py (through the private op flashext::_flash_attn_fwd_sm90) check it
 // against the references at every head dim it takes, and bench_attention times it as flashext_sm90.
-// Kernels for D = 64, 128 and 256, which take every multiple of 8 up to 256 in q, k and v (as
-// run_flash_fwd: flash_fwd_kernel_head_dim), but write O as wide as the kernel's head dim: a head
-// dim between them needs o_columns (the columns each row of O has room for, along its o strides)
-// at least that (the torch glue gives such calls a wide O and copies its first columns out);
-// dense or varlen, fp16 / bf16, seqlen_k > 0 (varlen: total_q, total_k > 0), no
+// Kernels for D = 64, 128 and 256, which take every multiple of 8 up to 256 (as run_flash_fwd:
+// flash_fwd_kernel_head_dim; the maps read the columns past the head dim as zeros, the epilogue
+// stores O's own); dense or varlen, fp16 / bf16, seqlen_k > 0 (varlen: total_q, total_k > 0), no
 // block mask, no zero strides (TMA maps); every other FlashFwdParams option as run_flash_fwd.
 #pragma once
 
@@ -19,7 +17,7 @@
 
 namespace flashext {
 
-cudaError_t run_flash_fwd_sm90(const FlashFwdParams& params, cudaStream_t stream, int o_columns = 0);
+cudaError_t run_flash_fwd_sm90(const FlashFwdParams& params, cudaStream_t stream);
 
 // Whether a GPU of this compute capability can run it from this build (sm_90 and sm_90a code).
 bool flash_fwd_sm90_supported(int major, int minor);
