@@ -171,6 +171,43 @@ class SdpaServer:
         return F.layer_norm(x[:, 0], (WIDTH,)) @ self.w["head"].T
 
 
+def captured_step(server, first_logits: torch.Tensor):
+    """server.decode_step captured once as a CUDA graph (its lengths live on the device), as a
+    function of the step's tokens that replays it: warmed up outside the capture (the token it
+    appends, the first replay overwrites at the same position), the length bumps of the warm-up and
+    the capture undone."""
+    static_tokens = first_logits.argmax(-1).int()
+    lengths_before = server.lengths.clone()
+    server.decode_step(static_tokens)
+    server.lengths.copy_(lengths_before)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_logits = server.decode_step(static_tokens)
+    server.lengths.copy_(lengths_before)
+
+    def step(tokens: torch.Tensor) -> torch.Tensor:
+        static_tokens.copy_(tokens)
+        graph.replay()
+        return static_logits
+    return step
+
+
+def generate(first_logits: torch.Tensor, step, args, kept_logits: list | None = None):
+    """Greedy tokens from the prefill's logits through args.new - 1 decode steps, and the steps'
+    tokens per second (the GPU idle at the start and drained at the end); each step's logits
+    appended to kept_logits when given."""
+    tokens = [first_logits.argmax(-1).int()]
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(args.new - 1):
+        logits = step(tokens[-1])
+        tokens.append(logits.argmax(-1).int())
+        if kept_logits is not None:
+            kept_logits.append(logits)
+    torch.cuda.synchronize()
+    return tokens, args.batch * (args.new - 1) / (time.perf_counter() - start)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=32)
@@ -190,54 +227,15 @@ def main(argv=None) -> dict:
     with torch.inference_mode():
         ours, sdpa = FlashextServer(weights, args.batch, capacity, g), SdpaServer(weights, args.batch, capacity)
         first_ours, first_sdpa = ours.prefill(prompts), sdpa.prefill(prompts)
-        # one decode step captured once, replayed for every token (lengths live on the device)
-        tokens = first_ours.argmax(-1).int()
-        static_tokens = tokens.clone()
-        lengths_before = ours.lengths.clone()
-        ours.decode_step(static_tokens)  # warm up outside capture (appends one token...)
-        ours.lengths.copy_(lengths_before)  # ...which the first replay overwrites at the same position
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_logits = ours.decode_step(static_tokens)
-        ours.lengths.copy_(lengths_before)  # capture ran the step once more: undo its length bump
-        generated = {"flashext": [tokens], "sdpa": [first_sdpa.argmax(-1).int()]}
-        sdpa_logits = []
-        for name, step in (("flashext", None), ("sdpa", sdpa.decode_step)):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(args.new - 1):
-                if name == "flashext":
-                    static_tokens.copy_(generated[name][-1])
-                    graph.replay()
-                    logits = static_logits
-                else:
-                    logits = step(generated[name][-1])
-                generated[name].append(logits.argmax(-1).int())
-                if name == "sdpa":  # each step's logits kept: their top-two gaps are read after the timing
-                    sdpa_logits.append(logits)
-            torch.cuda.synchronize()
-            results[name] = args.batch * (args.new - 1) / (time.perf_counter() - start)
+        generated = {}
+        sdpa_logits = []  # each step's logits kept: their top-two gaps are read after the timing
+        generated["flashext"], results["flashext"] = generate(first_ours, captured_step(ours, first_ours), args)
+        generated["sdpa"], results["sdpa"] = generate(first_sdpa, sdpa.decode_step, args, sdpa_logits)
         # The SDPA loop once more with each step one CUDA-graph replay, as ours: the host's part of
-        # the comparison taken out (a fresh server and prefill, the same capture as ours above).
+        # the comparison taken out (a fresh server and prefill, the same capture as ours).
         sdpa_g = SdpaServer(weights, args.batch, capacity)
         first_g = sdpa_g.prefill(prompts)
-        g_tokens = first_g.argmax(-1).int()
-        lengths_before = sdpa_g.lengths.clone()
-        sdpa_g.decode_step(g_tokens)
-        sdpa_g.lengths.copy_(lengths_before)
-        sdpa_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(sdpa_graph):
-            g_logits = sdpa_g.decode_step(g_tokens)
-        sdpa_g.lengths.copy_(lengths_before)
-        generated["sdpa_graph"] = [first_g.argmax(-1).int()]
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(args.new - 1):
-            g_tokens.copy_(generated["sdpa_graph"][-1])
-            sdpa_graph.replay()
-            generated["sdpa_graph"].append(g_logits.argmax(-1).int())
-        torch.cuda.synchronize()
-        results["sdpa_graph"] = args.batch * (args.new - 1) / (time.perf_counter() - start)
+        generated["sdpa_graph"], results["sdpa_graph"] = generate(first_g, captured_step(sdpa_g, first_g), args)
     step_logits = [first_sdpa.float()] + [logits.float() for logits in sdpa_logits]  # step t made token t
     gaps = torch.cat([(top2[:, 0] - top2[:, 1]) for top2 in (logits.topk(2, dim=-1).values for logits in step_logits)])
     ours_tokens, sdpa_tokens = torch.stack(generated["flashext"], 1), torch.stack(generated["sdpa"], 1)
