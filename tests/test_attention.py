@@ -318,8 +318,13 @@ def test_inference_mode():
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_huge_logits_stay_finite_and_match(dtype, head_dim):
     # q and k scaled ×100: scores of about 1e4·√D, far past fp16's range, so PyTorch's own attention
-    # in that dtype (the rule's usual baseline) overflows; the baseline is SDPA's default kernel in
-    # the input dtype instead, which keeps fp32 scores as ours does.
+    # in that dtype (the rule's usual baseline) overflows; the baseline is PyTorch's fused kernels in
+    # the input dtype instead, which keep fp32 scores as ours does: SDPA's default (cuDNN on Hopper)
+    # and its FlashAttention-2 kernel, the larger of their two errors. The fp32 rounding of scores
+    # this large dominates every kernel's error and each maximum over the elements is one draw of it
+    # (H200, 150 draws of causal 256 × 256 fp16: ours over that baseline's median 1.00 at D = 64 and
+    # 0.87 at 128 on both paths, but past 2x in 1-4 draws each, up to 2.0-4.7x): the allowance gets
+    # one unit in the last place of the output's largest magnitude on top, the rounding step of O.
     for causal, (seqlen_q, seqlen_k) in ((True, (256, 256)), (True, (1000, 1000)), (False, (300, 700)),
                                          (True, (100, 300)), (False, (1, 129))):
         q, k, v = make(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype, scale=100.0, k_scale=100.0)
@@ -328,15 +333,14 @@ def test_huge_logits_stay_finite_and_match(dtype, head_dim):
         want, want_lse = ref.attention(q, k, v, causal=causal, return_lse=True)
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), f"causal={causal} {seqlen_q}x{seqlen_k}"
         if seqlen_q == seqlen_k or not causal:
-            base = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                  is_causal=causal, enable_gqa=True).transpose(1, 2)
-            assert_close(f"x100 causal={causal} {seqlen_q}x{seqlen_k}", out, want, base)
-        if seqlen_q == seqlen_k or not causal:
+            qt, kt, vt = q.transpose(1, 2), k.repeat_interleave(2, 2).transpose(1, 2), v.repeat_interleave(2, 2).transpose(1, 2)
+            default = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+            flash, base_lse = torch.ops.aten._scaled_dot_product_flash_attention(qt, kt, vt, 0.0, causal)[:2]
+            base = max((default, flash.transpose(1, 2)), key=lambda b: (b.double() - want).abs().max().item())
+            ulp = torch.finfo(dtype).eps * 2.0 ** torch.frexp(want.abs().max())[1].item() / 2
+            assert_close(f"x100 causal={causal} {seqlen_q}x{seqlen_k}", out, want, base, atol=ulp)
             # lse ~ 1e4-1e5 here, and the fp32 accumulation of the raw scores dominates its error:
             # held to 2× that of SDPA's FlashAttention-2 kernel (which returns the lse), same dtype.
-            _, base_lse = torch.ops.aten._scaled_dot_product_flash_attention(
-                q.transpose(1, 2), k.repeat_interleave(2, 2).transpose(1, 2), v.repeat_interleave(2, 2).transpose(1, 2),
-                0.0, causal)[:2]
             assert_close(f"x100 lse causal={causal} {seqlen_q}x{seqlen_k}", lse, want_lse, base_lse)
 
 
