@@ -56,8 +56,8 @@
 // and dV would take 224 of the 240). Then dK; dS goes to shared memory and dQ is issued while dV
 // and dK run; one wait retires the three. Steps away from the edges (no window edge, no keys or
 // queries past the end) run the tiles' code without the mask and tail checks (`edge_step`). The
-// dense kernels read their lse₂ and D pairs from shared memory ahead of use, so that their latency
-// runs under a GEMM (`kEarlyStats`: D = 128 before Sᵀ's and dPᵀ's waits, D = 64 a group ahead).
+// dense D = 64 kernel reads its lse₂ and D pairs from shared memory two n8 tiles ahead of use, so
+// that their latency runs under the GEMMs (`kEarlyStats`).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -302,18 +302,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     sm90::wgmma_commit();
 
-    // The dense kernels read this thread's statistics (query pairs 8 i + 2 quad + {0, 1}) from
-    // shared memory ahead of their use, so that the loads' latency runs under a GEMM instead of in
-    // front of the exponentials and the dS: at D = 128 lse₂ before Sᵀ's wait and D before dPᵀ's;
-    // at D = 64 (twice the query rows per step: holding all pairs spills) the first two tiles'
-    // before the wait, then each pair of tiles' during the previous pair. The general kernel
-    // reads each tile's as it goes (it spills with the pairs held).
-    constexpr bool kEarlyStats = !kGeneral;
+    // The dense D = 64 kernel reads this thread's statistics (query pairs 8 i + 2 quad + {0, 1})
+    // from shared memory ahead of their use, so that the loads' latency runs under a GEMM instead
+    // of in front of the exponentials and the dS: the first two n8 tiles' before the waits, then
+    // each pair of tiles' during the previous pair (holding all pairs of its 128-query step
+    // spills). At D = 128 the same reads ahead (all pairs, before Sᵀ's and dPᵀ's waits) measured
+    // 1-3 % slower; there, and in the general kernel (which spills with the pairs held), each
+    // tile reads its own.
+    constexpr bool kEarlyStats = !kGeneral && !C::kExpUnderDp;
     float2 lse_pairs[kBlockM / 8], d_pairs[kBlockM / 8];
-    const auto load_pairs = [&](float2(&pairs)[kBlockM / 8], const float* at) {
-#pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i) pairs[i] = stat_pair(at + 8 * i + 2 * quad);
-    };
     const auto pair_at = [&](const float2(&pairs)[kBlockM / 8], const float* at, int i) {
       if constexpr (kEarlyStats) {
         return pairs[i];
@@ -321,15 +318,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         return stat_pair(at + 8 * i + 2 * quad);
       }
     };
-    const auto load_tiles = [&](int i0) {  // D = 64: tiles i0 and i0 + 1
+    const auto load_tiles = [&](int i0) {  // tiles i0 and i0 + 1
 #pragma unroll
       for (int i = i0; i < i0 + 2; ++i) {
         lse_pairs[i] = stat_pair(lse2 + 8 * i + 2 * quad);
         d_pairs[i] = stat_pair(dsum + 8 * i + 2 * quad);
       }
     };
-    if constexpr (kEarlyStats && C::kExpUnderDp) load_pairs(lse_pairs, lse2);
-    if constexpr (kEarlyStats && !C::kExpUnderDp) load_tiles(0);
+    if constexpr (kEarlyStats) load_tiles(0);
     if constexpr (C::kExpUnderDp) {
       sm90::wgmma_wait<1>();  // Sᵀ is in (groups retire in order); dPᵀ still runs (the schedules below)
       sm90::fence_operands(s);
@@ -442,7 +438,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk) dv_step(kk);
       sm90::wgmma_commit();
-      if constexpr (kEarlyStats) load_pairs(d_pairs, dsum);
       sm90::wgmma_wait<1>();  // dPᵀ is in; dV still runs
       sm90::fence_operands(dp);
       either([&](auto check) {
