@@ -5,7 +5,7 @@ which kernels differ between flashext and SDPA.
 
     python benchmarks/profile_train_gpt.py [--compile] [--variants flashext,sdpa_flash] [--steps 5]
 
-Same model, weights and batches as the example (batch 8 × 1024 tokens). Prints tables; writes
+Same model, weights and batches as the example (batch 32 × 1024 tokens). Prints tables; writes
 nothing.
 """
 
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--variants", default="flashext,sdpa_flash")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps (after 30 untimed and 20 timed)")
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
     torch.manual_seed(0)
     start = {name: t.clone() for name, t in example.GPT("flashext").state_dict().items()}
