@@ -48,6 +48,7 @@
 #include <cstring>
 
 #include "../common/device.h"
+#include "../common/divmod.h"
 #include "../common/online_softmax.h"
 #include "../common/ptx.cuh"
 #include "../common/sm90.cuh"
@@ -121,9 +122,17 @@ struct Sm90Maps {
   CUtensorMap q, k, v;
 };
 
+// The tile walk's divisors, made on the host (a kernel parameter: read from the constant bank, no
+// registers held across the walk), so that a tile's indices cost a few multiplies instead of
+// 64-bit divisions at the head of every tile: query blocks per head, heads, query heads per KV
+// head, units per head (causal pairs) and twice the grid. Tile indices fit 31 bits (run_flash_fwd_sm90).
+struct Sm90TileDivisors {
+  FastDivmod num_m, heads, group, half_m, grid2;
+};
+
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
-    flash_fwd_sm90_kernel(const FlashFwdParams p, const __grid_constant__ Sm90Maps maps) {
+    flash_fwd_sm90_kernel(const FlashFwdParams p, const __grid_constant__ Sm90Maps maps, const Sm90TileDivisors div) {
   namespace sm90 = flashext::sm90;
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kStages = Config::kStages, kSlabs = Config::kSlabs;
@@ -148,45 +157,44 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
   const bool varlen = p.cu_seqlens_q != nullptr;
   // Tiles: t = (head, sequence) · num_m + the query block counted from the last (longest first).
-  const int num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int64_t num_tiles = int64_t(num_m) * p.heads * p.batch;  // (the grid may be smaller: a stride)
+  const int num_m = div.num_m.divisor;
+  const int num_tiles = num_m * p.heads * p.batch;  // (the grid may be smaller: a stride)
   // A causal dense call on fewer CTAs than tiles walks units of two query blocks of a head, m and
   // num_m − 1 − m, whose key blocks add up to the same count for every m: equal work per unit, so
   // a stride over units balances (the middle block of an odd num_m is a unit alone). The stride
   // loop stays: of each 2 · gridDim.x values of t, the first gridDim.x are the first (longer)
   // tiles of gridDim.x units, the next gridDim.x their second tiles, so a CTA takes both of a
   // unit's tiles in turn; t past the units, and the middle block's missing partner, hold no rows.
-  const int half_m = (num_m + 1) / 2;
-  const int64_t num_units = int64_t(half_m) * p.heads * p.batch;
-  const bool paired = p.window_right == 0 && p.window_left < 0 && !varlen && gridDim.x < num_tiles;
-  const int64_t loop_tiles =
-      paired ? 2 * int64_t(gridDim.x) * ((num_units + gridDim.x - 1) / gridDim.x) : num_tiles;
+  const int half_m = div.half_m.divisor;
+  const int num_units = half_m * p.heads * p.batch;
+  const int grid = int(gridDim.x);
+  const bool paired = p.window_right == 0 && p.window_left < 0 && !varlen && grid < num_tiles;
+  const int loop_tiles = paired ? 2 * grid * ((num_units + grid - 1) / grid) : num_tiles;
   struct Tile {
     int head, batch, kv_head, seqlen_q, seqlen_k, m_start, m_last, diag, n_lo, num_n_blocks, tma_batch;
     int64_t row_q, row_k;
     bool rows;  // whether the block holds any of its sequence's query rows
   };
-  const auto tile_at = [&](int64_t t) {
+  const auto tile_at = [&](int t) {
     Tile x;
     int m_block, hb;
     bool skip = false;
     if (!paired) {
-      m_block = num_m - 1 - int(t % num_m);
-      hb = int(t / num_m);
+      int from_last;
+      div.num_m.divmod(t, hb, from_last);
+      m_block = num_m - 1 - from_last;
     } else {
-      const int64_t chunk = t / (2 * int64_t(gridDim.x));
-      const int r = int(t - chunk * 2 * int64_t(gridDim.x));
-      const bool second = r >= int(gridDim.x);
-      const int64_t u = chunk * gridDim.x + (second ? r - int(gridDim.x) : r);
-      hb = int(u / half_m);
-      const int j = int(u - int64_t(hb) * half_m);
+      const int chunk = div.grid2.div(t), r = t - chunk * 2 * grid;
+      const bool second = r >= grid;
+      const int u = chunk * grid + (second ? r - grid : r);
+      int j;
+      div.half_m.divmod(u, hb, j);
       m_block = second ? j : num_m - 1 - j;
       skip = u >= num_units || (second && j == num_m - 1 - j);
       if (skip) hb = 0;
     }
-    x.head = hb % p.heads;
-    x.batch = hb / p.heads;
-    x.kv_head = x.head / (p.heads / p.heads_kv);
+    div.heads.divmod(hb, x.batch, x.head);
+    x.kv_head = div.group.div(x.head);
     // This sequence's rows (row_q / row_k: its first packed row; tma_batch: the maps' batch index).
     const SequenceRows seq = sequence_rows(p, x.batch);
     x.seqlen_q = seq.seqlen_q;
@@ -227,7 +235,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       // Q loads and K / V blocks counted over every tile of this CTA: a stage's use g waits for
       // the release of its use g − stages (the empty barrier's phase g / stages − 1).
       int q_uses = 0, kv_uses = 0;
-      for (int64_t t = blockIdx.x; t < loop_tiles; t += gridDim.x) {
+      for (int t = blockIdx.x; t < loop_tiles; t += grid) {
         const Tile x = tile_at(t);
         if (x.num_n_blocks == 0) continue;  // nothing to load: the consumers write zeros
         const int qs = q_uses % kQStages;
@@ -416,7 +424,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // warpgroup computes exponentials. P is rewritten only once its P V has retired. Stages and
   // phases count this CTA's Q loads and K / V blocks over its tiles, as the producer counts them.
   int q_uses = 0, kv_uses = 0;
-  for (int64_t t = blockIdx.x; t < loop_tiles; t += gridDim.x) {
+  for (int t = blockIdx.x; t < loop_tiles; t += grid) {
     x = tile_at(t);
     if (!x.rows) continue;  // the whole block past this sequence
 #pragma unroll
@@ -514,13 +522,16 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
                                             p.k_row_stride, p.k_head_stride, p.k_batch_stride, Config::kBlockN));
   FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, p.head_dim, p.heads_kv, rows_k, batch,
                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, Config::kBlockN));
-  auto kernel = flash_fwd_sm90_kernel<T, Config>;
-  FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   // Tiles of equal work (no causal mask, no window, a dense batch), or causal units of two tiles
   // of equal work: a CTA per SM walking them, so a tile's prologue
   // overlaps the previous one's end; else a CTA per tile, longest first.
   const int64_t num_m = (p.seqlen_q + int64_t(Config::kBlockM) - 1) / Config::kBlockM;
   const int64_t tiles = num_m * p.heads * p.batch, units = (num_m + 1) / 2 * p.heads * p.batch;
+  // The kernel walks tiles in 31-bit indices (up to about 5 · tiles); a call of 2^28 tiles or more
+  // (only tiny head dims over millions of sequences reach it) takes the FA2-design kernel.
+  if (tiles >= (int64_t(1) << 28)) return run_flash_fwd(p, stream);
+  auto kernel = flash_fwd_sm90_kernel<T, Config>;
+  FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const int sms = std::max(1, current_device_sm_count());
   const bool uniform = !varlen && p.window_left < 0 && p.window_right < 0;
   // (paired only where the last round of units is nearly full: the rounds' padding at most a
@@ -529,8 +540,10 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
   const bool paired = !varlen && p.window_left < 0 && p.window_right == 0 && units >= sms &&
                       (rounds * sms - units) * 10 <= units;
   const int64_t ctas = uniform || paired ? int64_t(sms) : int64_t(INT32_MAX);  // (past it: a stride)
-  const dim3 grid(unsigned(std::min(tiles, ctas)));
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, maps);
+  const int grid = int(std::min(tiles, ctas));
+  const Sm90TileDivisors div{FastDivmod(int(num_m)), FastDivmod(p.heads), FastDivmod(p.heads / p.heads_kv),
+                             FastDivmod(int((num_m + 1) / 2)), FastDivmod(2 * grid)};
+  kernel<<<dim3(unsigned(grid)), Config::kThreads, Config::kSmemBytes, stream>>>(p, maps, div);
   return cudaGetLastError();
 }
 
