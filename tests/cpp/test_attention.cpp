@@ -18,6 +18,7 @@
 #include "flashext/attention.h"
 #include "flashext/merge_states.h"
 #include "attention/flash_fwd_sm90.h"
+#include "attention/sm90_tile_walk.h"
 
 namespace {
 
@@ -198,6 +199,72 @@ TEST(FlashFwd, Sm90RefusesWhatItHasNoKernelFor) {
   EXPECT_EQ(flashext::run_flash_fwd_sm90(p, nullptr), cudaSuccess);
   EXPECT_FALSE(flashext::flash_fwd_sm90_supported(8, 0));
   EXPECT_FALSE(flashext::flash_fwd_sm90_supported(10, 0));  // sm_90a code runs on exactly 9.0
+}
+
+// The Hopper forward's tile walk (sm90_tile_walk.h), as its CTAs run it: every CTA b strides
+// t = b, b + grid, ... below loop_tiles. Every (query block, head, sequence) comes exactly once;
+// without units the order is the index's definition (the query block counted from the last); with
+// them a CTA takes a unit's two tiles, m then num_m − 1 − m of one head, in turn, and every CTA
+// as many units as the others or one fewer (a unit is num_m + 1 key blocks of causal work; the
+// middle block of an odd num_m, a unit alone, about half that).
+TEST(FlashFwd, Sm90TileWalkVisitsEveryTileOnce) {
+  using flashext::attention_detail::make_sm90_tile_walk;
+  using flashext::attention_detail::sm90_tile_coords;
+  std::mt19937 rng(7);
+  struct Shape {
+    int num_m, heads, heads_kv, batch;
+  };
+  std::vector<Shape> shapes = {{1, 1, 1, 1}, {1, 32, 8, 132}, {2, 4, 4, 3}, {3, 6, 2, 5}, {8, 16, 16, 16},
+                               {9, 32, 4, 2}, {86, 16, 16, 1}, {5, 64, 1, 7}, {11, 2, 2, 13}};
+  for (int i = 0; i < 40; ++i) {
+    const int heads_kv = 1 + int(rng() % 8), group = 1 + int(rng() % 8);
+    shapes.push_back({1 + int(rng() % 40), heads_kv * group, heads_kv, 1 + int(rng() % 12)});
+  }
+  for (const Shape& sh : shapes) {
+    const int tiles = sh.num_m * sh.heads * sh.batch, group = sh.heads / sh.heads_kv;
+    const auto index = [&](int batch, int head, int m_block) { return (batch * sh.heads + head) * sh.num_m + m_block; };
+    for (int grid : {1, 7, 132, tiles}) {
+      if (grid > tiles) continue;
+      for (bool units : {false, true}) {
+        const auto walk = make_sm90_tile_walk(sh.num_m, sh.heads, sh.heads_kv, sh.batch, grid, units);
+        ASSERT_EQ(walk.paired, units && grid < tiles);
+        std::vector<int> seen(tiles, 0);
+        int fewest_units = INT32_MAX, most_units = 0;
+        for (int b = 0; b < grid; ++b) {
+          int units_taken = 0;
+          int previous = -1;  // the tile this CTA took last
+          for (int t = b; t < walk.loop_tiles; t += walk.grid) {
+            const auto at = sm90_tile_coords(walk, t);
+            if (at.skip) continue;
+            ASSERT_TRUE(at.m_block >= 0 && at.m_block < sh.num_m && at.head >= 0 && at.head < sh.heads &&
+                        at.batch >= 0 && at.batch < sh.batch)
+                << "t " << t;
+            ASSERT_EQ(at.kv_head, at.head / group);
+            const int tile = index(at.batch, at.head, at.m_block);
+            ++seen[tile];
+            units_taken += 2 * at.m_block >= sh.num_m - 1;  // (a unit's first, or only, tile)
+            if (!walk.paired) {
+              ASSERT_EQ(t, index(at.batch, at.head, sh.num_m - 1 - at.m_block));  // counted from the last
+            } else if (2 * at.m_block < sh.num_m - 1) {  // a unit's second (shorter) tile: after its first
+              ASSERT_EQ(previous, index(at.batch, at.head, sh.num_m - 1 - at.m_block)) << "t " << t;
+            }
+            previous = tile;
+          }
+          fewest_units = std::min(fewest_units, units_taken);
+          most_units = std::max(most_units, units_taken);
+        }
+        for (int tile = 0; tile < tiles; ++tile) ASSERT_EQ(seen[tile], 1) << "tile " << tile << " of " << tiles;
+        if (walk.paired) {
+          const int rounds = (walk.num_units + grid - 1) / grid;
+          EXPECT_EQ(most_units, rounds);
+          EXPECT_GE(fewest_units, rounds - 1);
+        }
+      }
+    }
+  }
+  // The largest call the launch walks stays in 31 bits, the stride's last step included.
+  const auto big = make_sm90_tile_walk(int((flashext::attention_detail::kSm90MaxTiles - 1) / 64), 64, 64, 1, 132, true);
+  EXPECT_LT(int64_t(big.loop_tiles) + big.grid, int64_t(INT32_MAX));
 }
 
 // ---- GPU: the kernel against a CPU reference -------------------------------------------------

@@ -48,7 +48,6 @@
 #include <cstring>
 
 #include "../common/device.h"
-#include "../common/divmod.h"
 #include "../common/online_softmax.h"
 #include "../common/ptx.cuh"
 #include "../common/sm90.cuh"
@@ -57,6 +56,7 @@
 #include "dispatch.h"
 #include "tiles.cuh"
 #include "flash_fwd_sm90.h"
+#include "sm90_tile_walk.h"
 #include "flashext/common.h"
 
 namespace flashext {
@@ -122,17 +122,9 @@ struct Sm90Maps {
   CUtensorMap q, k, v;
 };
 
-// The tile walk's divisors, made on the host (a kernel parameter: read from the constant bank, no
-// registers held across the walk), so that a tile's indices cost a few multiplies instead of
-// 64-bit divisions at the head of every tile: query blocks per head, heads, query heads per KV
-// head, units per head (causal pairs) and twice the grid. Tile indices fit 31 bits (run_flash_fwd_sm90).
-struct Sm90TileDivisors {
-  FastDivmod num_m, heads, group, half_m, grid2;
-};
-
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
-    flash_fwd_sm90_kernel(const FlashFwdParams p, const __grid_constant__ Sm90Maps maps, const Sm90TileDivisors div) {
+    flash_fwd_sm90_kernel(const FlashFwdParams p, const __grid_constant__ Sm90Maps maps, const Sm90TileWalk walk) {
   namespace sm90 = flashext::sm90;
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kStages = Config::kStages, kSlabs = Config::kSlabs;
@@ -156,20 +148,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  // Tiles: t = (head, sequence) · num_m + the query block counted from the last (longest first).
-  const int num_m = div.num_m.divisor;
-  const int num_tiles = num_m * p.heads * p.batch;  // (the grid may be smaller: a stride)
-  // A causal dense call on fewer CTAs than tiles walks units of two query blocks of a head, m and
-  // num_m − 1 − m, whose key blocks add up to the same count for every m: equal work per unit, so
-  // a stride over units balances (the middle block of an odd num_m is a unit alone). The stride
-  // loop stays: of each 2 · gridDim.x values of t, the first gridDim.x are the first (longer)
-  // tiles of gridDim.x units, the next gridDim.x their second tiles, so a CTA takes both of a
-  // unit's tiles in turn; t past the units, and the middle block's missing partner, hold no rows.
-  const int half_m = div.half_m.divisor;
-  const int num_units = half_m * p.heads * p.batch;
-  const int grid = int(gridDim.x);
-  const bool paired = p.window_right == 0 && p.window_left < 0 && !varlen && grid < num_tiles;
-  const int loop_tiles = paired ? 2 * grid * ((num_units + grid - 1) / grid) : num_tiles;
+  // Tiles (query block, head, sequence) by index t, walked as sm90_tile_walk.h says: a CTA per
+  // tile, or a persistent grid striding over them (causal calls over units of two tiles of equal
+  // work).
   struct Tile {
     int head, batch, kv_head, seqlen_q, seqlen_k, m_start, m_last, diag, n_lo, num_n_blocks, tma_batch;
     int64_t row_q, row_k;
@@ -177,24 +158,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   };
   const auto tile_at = [&](int t) {
     Tile x;
-    int m_block, hb;
-    bool skip = false;
-    if (!paired) {
-      int from_last;
-      div.num_m.divmod(t, hb, from_last);
-      m_block = num_m - 1 - from_last;
-    } else {
-      const int chunk = div.grid2.div(t), r = t - chunk * 2 * grid;
-      const bool second = r >= grid;
-      const int u = chunk * grid + (second ? r - grid : r);
-      int j;
-      div.half_m.divmod(u, hb, j);
-      m_block = second ? j : num_m - 1 - j;
-      skip = u >= num_units || (second && j == num_m - 1 - j);
-      if (skip) hb = 0;
-    }
-    div.heads.divmod(hb, x.batch, x.head);
-    x.kv_head = div.group.div(x.head);
+    const Sm90TileCoords at = sm90_tile_coords(walk, t);
+    x.head = at.head;
+    x.batch = at.batch;
+    x.kv_head = at.kv_head;
     // This sequence's rows (row_q / row_k: its first packed row; tma_batch: the maps' batch index).
     const SequenceRows seq = sequence_rows(p, x.batch);
     x.seqlen_q = seq.seqlen_q;
@@ -202,8 +169,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     x.tma_batch = varlen ? 0 : x.batch;
     x.row_q = seq.q_start;
     x.row_k = seq.k_start;
-    x.m_start = m_block * kBlockM;
-    x.rows = !skip && x.m_start < x.seqlen_q;
+    x.m_start = at.m_block * kBlockM;
+    x.rows = !at.skip && x.m_start < x.seqlen_q;
     x.diag = p.align_top_left ? 0 : x.seqlen_k - x.seqlen_q;
     x.m_last = x.m_start + kBlockM - 1;
     int n_lo = 0, n_hi = x.seqlen_k;
@@ -235,7 +202,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       // Q loads and K / V blocks counted over every tile of this CTA: a stage's use g waits for
       // the release of its use g − stages (the empty barrier's phase g / stages − 1).
       int q_uses = 0, kv_uses = 0;
-      for (int t = blockIdx.x; t < loop_tiles; t += grid) {
+      for (int t = blockIdx.x; t < walk.loop_tiles; t += walk.grid) {
         const Tile x = tile_at(t);
         if (x.num_n_blocks == 0) continue;  // nothing to load: the consumers write zeros
         const int qs = q_uses % kQStages;
@@ -424,7 +391,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // warpgroup computes exponentials. P is rewritten only once its P V has retired. Stages and
   // phases count this CTA's Q loads and K / V blocks over its tiles, as the producer counts them.
   int q_uses = 0, kv_uses = 0;
-  for (int t = blockIdx.x; t < loop_tiles; t += grid) {
+  for (int t = blockIdx.x; t < walk.loop_tiles; t += walk.grid) {
     x = tile_at(t);
     if (!x.rows) continue;  // the whole block past this sequence
 #pragma unroll
@@ -527,9 +494,9 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
   // overlaps the previous one's end; else a CTA per tile, longest first.
   const int64_t num_m = (p.seqlen_q + int64_t(Config::kBlockM) - 1) / Config::kBlockM;
   const int64_t tiles = num_m * p.heads * p.batch, units = (num_m + 1) / 2 * p.heads * p.batch;
-  // The kernel walks tiles in 31-bit indices (up to about 5 · tiles); a call of 2^28 tiles or more
-  // (only tiny head dims over millions of sequences reach it) takes the FA2-design kernel.
-  if (tiles >= (int64_t(1) << 28)) return run_flash_fwd(p, stream);
+  // The walk's indices are 31-bit (sm90_tile_walk.h); a call of 2^28 tiles or more (only tiny head
+  // dims over millions of sequences reach it) takes the FA2-design kernel.
+  if (tiles >= kSm90MaxTiles) return run_flash_fwd(p, stream);
   auto kernel = flash_fwd_sm90_kernel<T, Config>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const int sms = std::max(1, current_device_sm_count());
@@ -541,9 +508,8 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
                       (rounds * sms - units) * 10 <= units;
   const int64_t ctas = uniform || paired ? int64_t(sms) : int64_t(INT32_MAX);  // (past it: a stride)
   const int grid = int(std::min(tiles, ctas));
-  const Sm90TileDivisors div{FastDivmod(int(num_m)), FastDivmod(p.heads), FastDivmod(p.heads / p.heads_kv),
-                             FastDivmod(int((num_m + 1) / 2)), FastDivmod(2 * grid)};
-  kernel<<<dim3(unsigned(grid)), Config::kThreads, Config::kSmemBytes, stream>>>(p, maps, div);
+  const Sm90TileWalk walk = make_sm90_tile_walk(int(num_m), p.heads, p.heads_kv, p.batch, grid, paired);
+  kernel<<<dim3(unsigned(grid)), Config::kThreads, Config::kSmemBytes, stream>>>(p, maps, walk);
   return cudaGetLastError();
 }
 
