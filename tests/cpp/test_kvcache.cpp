@@ -192,17 +192,19 @@ TYPED_TEST(FlashDecodeKernel, TwoStagesForLessSharedMemory) {
   }
 }
 
-// The decode kernel's page arithmetic: FastDivmod against / and % on the CPU, for page sizes 1 to
-// 2^20 (powers of two, their neighbours, odd and random ones) and dividends from 0 to 2^31 − 1.
+// The decode kernel's page arithmetic and the Hopper forward's tile walk: FastDivmod against / and
+// % on the CPU, for divisors 1 to 2^30 (powers of two, their neighbours, odd and random ones) and
+// dividends from 0 to 2^31 − 1.
 TEST(FastDivmod, MatchesIntegerDivision) {
   std::mt19937 rng(2026);
   std::vector<int> divisors;
-  for (int k = 0; k <= 20; ++k) {
+  for (int k = 0; k <= 30; ++k) {
     for (int d : {(1 << k) - 1, 1 << k, (1 << k) + 1}) {
       if (d >= 1) divisors.push_back(d);
     }
   }
   for (int i = 0; i < 200; ++i) divisors.push_back(1 + int(rng() % 100000));
+  for (int i = 0; i < 200; ++i) divisors.push_back(1 + int(rng() % (1u << 30)));
   for (int d : {3, 7, 17, 257, 1000, 65535}) divisors.push_back(d);
   std::vector<int> dividends = {0, 1, 2, 15, 16, 17, 255, 256, 257, 65535, 65536, 1 << 29, (1 << 30) - 1, INT32_MAX,
                                 INT32_MAX - 1};

@@ -476,6 +476,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
 template <typename T, typename Config>
 cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
+  // The walk's indices are 31-bit (sm90_tile_walk.h); a call of 2^28 tiles or more (only tiny head
+  // dims over millions of sequences reach it; through torch, batch and heads stop at 65535 and no
+  // call comes near) takes the FA2-design kernel.
+  const int64_t num_m = (p.seqlen_q + int64_t(Config::kBlockM) - 1) / Config::kBlockM;
+  const int64_t tiles = num_m * p.heads * p.batch, units = (num_m + 1) / 2 * p.heads * p.batch;
+  if (tiles >= kSm90MaxTiles) return run_flash_fwd(p, stream);
   Sm90Maps maps;
   // Varlen: one batch of all the packed rows. The maps span the tensors' own head dim: a smaller
   // one than the kernel's reads as zero columns past it (which add nothing to S and make O's
@@ -492,11 +498,6 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
   // Tiles of equal work (no causal mask, no window, a dense batch), or causal units of two tiles
   // of equal work: a CTA per SM walking them, so a tile's prologue
   // overlaps the previous one's end; else a CTA per tile, longest first.
-  const int64_t num_m = (p.seqlen_q + int64_t(Config::kBlockM) - 1) / Config::kBlockM;
-  const int64_t tiles = num_m * p.heads * p.batch, units = (num_m + 1) / 2 * p.heads * p.batch;
-  // The walk's indices are 31-bit (sm90_tile_walk.h); a call of 2^28 tiles or more (only tiny head
-  // dims over millions of sequences reach it) takes the FA2-design kernel.
-  if (tiles >= kSm90MaxTiles) return run_flash_fwd(p, stream);
   auto kernel = flash_fwd_sm90_kernel<T, Config>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const int sms = std::max(1, current_device_sm_count());

@@ -9,6 +9,8 @@
 // flash_fwd_kernel_head_dim; the maps read the columns past the head dim as zeros, the epilogue
 // stores O's own); dense or varlen, fp16 / bf16, seqlen_k > 0 (varlen: total_q, total_k > 0), no
 // block mask, no zero strides (TMA maps); every other FlashFwdParams option as run_flash_fwd.
+// Calls of 2^28 tiles or more (query blocks × heads × sequences; none through torch) run the
+// FA2-design kernel instead (the tile walk's indices are 31-bit).
 #pragma once
 
 #include <cuda_runtime_api.h>
