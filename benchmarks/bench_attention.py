@@ -515,7 +515,8 @@ def main():
         return
     torch.manual_seed(0)
     payload = {"meta": run_metadata(), "rows": []}
-    print(f"{payload['meta']['gpu']}, torch {payload['meta']['torch']}", flush=True)
+    print(f"{payload['meta']['gpu']}, torch {payload['meta']['torch']}, GPU state {payload['meta']['gpu_state_start']}",
+          flush=True)
     sections = set(args.only.split(","))
     # attention.json when the forward grid ran, else one file per section set (attention_train.json)
     name = "attention" if "fwd" in sections else "attention_" + "_".join(sorted(sections))

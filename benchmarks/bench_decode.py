@@ -172,7 +172,8 @@ def main():
         return
     torch.manual_seed(0)
     payload = {"meta": run_metadata(), "rows": []}
-    print(f"{payload['meta']['gpu']}, torch {payload['meta']['torch']}", flush=True)
+    print(f"{payload['meta']['gpu']}, torch {payload['meta']['torch']}, GPU state {payload['meta']['gpu_state_start']}",
+          flush=True)
     sections = set(args.only.split(","))
     if "decode" in sections:
         section(payload["rows"], args.quick, paged=False)

@@ -137,6 +137,22 @@ def git_commit() -> str:
         return "unknown"
 
 
+def gpu_state() -> dict:
+    """The GPU's clocks, temperature, power and clock-event (throttle) reasons now (nvidia-smi), so
+    that a run's figures can be read against the state it ran in (a sustained load may lower the SM
+    clock, which moves issue-bound kernels and not memory-bound anchors); {} without nvidia-smi."""
+    base = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw")
+    for fields in (base + ("clocks_event_reasons.active",), base + ("clocks_throttle_reasons.active",), base):
+        try:  # (the reasons field's name depends on the driver: the first query it knows answers)
+            line = subprocess.check_output(
+                ["nvidia-smi", "-i", "0", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+                text=True, stderr=subprocess.DEVNULL, timeout=10).strip().splitlines()[0]
+        except Exception:
+            continue
+        return dict(zip(fields, (value.strip() for value in line.split(","))))
+    return {}
+
+
 def run_metadata() -> dict:
     props = torch.cuda.get_device_properties(0)
     return {
@@ -148,6 +164,7 @@ def run_metadata() -> dict:
         "python": platform.python_version(),
         "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu_state_start": gpu_state(),  # (and gpu_state_end, added by write_json)
         # build variant of an A/B run (e.g. a branch under test): "name: what differs"
         **({"variant": os.environ["FLASHEXT_BENCH_VARIANT"]} if os.environ.get("FLASHEXT_BENCH_VARIANT") else {}),
     }
@@ -162,6 +179,8 @@ def output_dir() -> Path:
 
 
 def write_json(name: str, payload: dict) -> Path:
+    if isinstance(payload.get("meta"), dict) and "gpu_state_start" in payload["meta"]:
+        payload["meta"]["gpu_state_end"] = gpu_state()
     path = output_dir() / name
     path.write_text(json.dumps(payload, indent=1))
     return path

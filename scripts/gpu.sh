@@ -73,7 +73,10 @@ run_step() {  # run_step NAME COMMAND...: log it, time it, record pass/fail
   local start=$SECONDS
   "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
-  local line="$name: $([ "$rc" -eq 0 ] && echo ok || echo "FAILED (exit $rc)") in $((SECONDS - start)) s"
+  # (the GPU's SM clock and temperature at the step's end: a sustained load may lower the clock)
+  local state
+  state=$(nvidia-smi -i 0 --query-gpu=clocks.sm,temperature.gpu --format=csv,noheader 2>/dev/null | head -1)
+  local line="$name: $([ "$rc" -eq 0 ] && echo ok || echo "FAILED (exit $rc)") in $((SECONDS - start)) s${state:+ (GPU after: $state)}"
   summary+=("$line")
   echo "===== $line" | tee -a "$LOG"
   return "$rc"
