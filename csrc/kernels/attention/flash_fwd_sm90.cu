@@ -78,6 +78,9 @@ struct Sm90FwdConfig {
   static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536,
                 "setmaxnreg must balance within the block's registers");
   static constexpr int kBlockN = kBlockN_;
+  // Whether head dims under kHeadDim run here (the epilogue then stops at O's own columns). The
+  // 80-key D = 256 kernel takes D = 256 alone: that check cost it 2-3 % (A/B at fd01ad4).
+  static constexpr bool kNarrowHeadDims = kBlockN != 80;
   static constexpr int kStages = 2;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
@@ -458,9 +461,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       const float inv = total > 0.0f ? 1.0f / total : 0.0f;
 #pragma unroll
       for (int i = 0; i < kHeadDim / 8; ++i) {
-        // (a head dim under the kernel's: O has only its own columns; the 80-key D = 256 kernel
-        // takes D = 256 alone, run_flash_fwd_sm90, its epilogue as it was: the check there cost 2-3 %)
-        if constexpr (kBlockN != 80) {
+        if constexpr (Config::kNarrowHeadDims) {  // (a head dim under the kernel's: O has only its own columns)
           if (8 * i >= p.head_dim) break;
         }
         const int col = 8 * i + 2 * quad;
@@ -482,6 +483,7 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
   const int64_t num_m = (p.seqlen_q + int64_t(Config::kBlockM) - 1) / Config::kBlockM;
   const int64_t tiles = num_m * p.heads * p.batch, units = (num_m + 1) / 2 * p.heads * p.batch;
   if (tiles >= kSm90MaxTiles) return run_flash_fwd(p, stream);
+  if (!Config::kNarrowHeadDims && p.head_dim != Config::kHeadDim) return cudaErrorInvalidValue;
   Sm90Maps maps;
   // Varlen: one batch of all the packed rows. The maps span the tensors' own head dim: a smaller
   // one than the kernel's reads as zero columns past it (which add nothing to S and make O's
@@ -557,7 +559,7 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
       case 64: return !diagonal || visible_keys(p) >= 4096 ? launch<T, Sm90FwdConfig<64>>(p, stream)
                                                            : launch<T, Sm90FwdConfig<64, 128, 128>>(p, stream);
       case 128: return launch<T, Sm90FwdConfig<128>>(p, stream);
-      default:  // (80-key blocks for D = 256 itself: head dims under it take the 64-key kernel, which stores O's own columns)
+      default:  // (80-key blocks take D = 256 itself only: Sm90FwdConfig::kNarrowHeadDims)
         return unmasked && p.head_dim == 256 ? launch<T, Sm90FwdConfig<256, 80>>(p, stream)
                                              : launch<T, Sm90FwdConfig<256>>(p, stream);
     }
