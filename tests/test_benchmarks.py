@@ -59,3 +59,30 @@ def test_train_table_reports_the_portable_path(capsys):
     rows = [{k: v for k, v in r.items() if k != "flashext_fa2"} for r in rows]  # a run without it: no rows
     train_tables({"meta": meta, "rows": rows}, summary=True)
     assert "FA2-design" not in capsys.readouterr().out
+
+
+def test_attention_runs_medians_per_point():
+    """Several runs' ratios are gathered per point; the bar's worst and median are over the
+    per-point medians of D = 64 and 128 at S >= 1024 only; a point some run lacks, or timed
+    invalidly, is left out."""
+    from benchmarks.attention_runs import gather
+
+    def run(times, invalid=()):
+        rows = [{"section": "train", "dtype": "bf16", "head_dim": d, "causal": False, "seqlen": s,
+                 "flashext": {"fwd_bwd_ms": 1.0, "bwd_ms": 1.0, "valid": (d, s) not in invalid},
+                 "sdpa_cudnn": {"fwd_bwd_ms": t, "bwd_ms": 2 * t}}
+                for (d, s), t in times.items()]
+        return {"meta": {"commit": "abc"}, "rows": rows}
+
+    runs = [run({(64, 1024): 0.9, (128, 4096): 1.2, (64, 512): 0.5, (256, 2048): 0.1}),
+            run({(64, 1024): 1.0, (128, 4096): 0.8, (64, 512): 0.5, (256, 2048): 0.1, (128, 2048): 0.1}),
+            run({(64, 1024): 1.1, (128, 4096): 1.0, (64, 512): 0.5, (256, 2048): 0.1}, invalid=[(256, 2048)])]
+    out = gather(runs, "sdpa_cudnn")
+    assert out["section"] == "train" and [r["commit"] for r in out["runs"]] == ["abc"] * 3
+    assert [(p["head_dim"], p["seqlen"]) for p in out["points"]] == [(64, 512), (64, 1024), (128, 4096)]
+    assert out["points"][1]["fwd_bwd_ms"] == {"runs": [0.9, 1.0, 1.1], "median": 1.0}
+    bar = out["bar"]["fwd_bwd_ms"]
+    assert bar["points"] == 2 and bar["worst"] == 1.0 and bar["median"] == 1.0
+    assert bar["worst_point"]["seqlen"] == 1024 and out["bar"]["bwd_ms"]["median"] == 2.0
+    with pytest.raises(ValueError, match="exactly one of the sections"):
+        gather([{"meta": {}, "rows": []}], "sdpa_cudnn")
