@@ -19,14 +19,17 @@
 // hardware's block scheduler balances). K and V have full barriers of their own (one arrival plus the tile's bytes),
 // so S starts while V still lands. K and V have empty barriers of their own too (one arrival per
 // consumer warpgroup): a K stage is free once its S has retired, a V stage once its P V has, and the
-// producer loads V one block behind K, so the next K never waits behind a V release.
+// producer loads V one block behind K, so the next K never waits behind a V release. At D ≤ 128
+// a dense call's O leaves through shared memory: each consumer warpgroup writes its 64 rows to its
+// part of an O tile (stmatrix) and one of its threads stores them by TMA, so the warpgroup goes on
+// to its next tile while the copy engine writes (the other calls write O from registers).
 //
-//   D     query × key block   shared memory (Q buffers + 2 × (K + V))   registers per consumer thread
-//   64    192 × 128           2 · 24 + 2 · (16 + 16) = 112 KiB         S 64, O 32, P 32 (of 160)
-//         128 × 128 masked    2 · 16 + 2 · (16 + 16) = 96 KiB          S 64, O 32, P 32 (of 240)
-//   128   128 × 128           2 · 32 + 2 · (32 + 32) = 192 KiB         S 64, O 64, P 32
-//   256   128 × 64            64 + 2 · (32 + 32) = 192 KiB             S 32, O 128, P 16
-//         128 × 80 unmasked   64 + 2 · (40 + 40) = 224 KiB             S 40, O 128, P 20
+//   D     query × key block   shared memory (Q buffers + 2 × (K + V) + O)   registers per consumer thread
+//   64    192 × 128           2 · 24 + 2 · (16 + 16) + 24 = 136 KiB       S 64, O 32, P 32 (of 160)
+//         128 × 128 masked    2 · 16 + 2 · (16 + 16) + 16 = 112 KiB       S 64, O 32, P 32 (of 240)
+//   128   128 × 128           2 · 32 + 2 · (32 + 32) + 32 = 224 KiB       S 64, O 64, P 32
+//   256   128 × 64            64 + 2 · (32 + 32) = 192 KiB                S 32, O 128, P 16
+//         128 × 80 unmasked   64 + 2 · (40 + 40) = 224 KiB                S 40, O 128, P 20
 // FLOPs per key block and consumer warpgroup: 4 · 64 · N · D (S and P V), 4 MFLOP at D = 128.
 // At D = 64 a warpgroup's exponentials (8K per block) take about as long as its two GEMMs, so a
 // third consumer warpgroup keeps the tensor cores fed while the other two exponentiate (as
@@ -85,10 +88,14 @@ struct Sm90FwdConfig {
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
+  // At D <= 128 an O tile (Q's shape; each consumer warpgroup's 64 rows a part of their own) for
+  // the TMA store of dense calls' outputs (at D = 256 the tile does not fit beside the stages)
+  static constexpr int kTileBytesO = kHeadDim <= 128 ? kTileBytesQ : 0;
   // Two Q buffers where they fit (the next tile's Q lands during this tile's last blocks), else one
-  static constexpr int kQStages = 2 * kTileBytesQ + 2 * kStages * kTileBytesKV + 1024 + 256 <= 227 * 1024 ? 2 : 1;
-  // Q, the K and V stages, 1024 bytes of alignment slack, the barriers
-  static constexpr int kSmemBytes = kQStages * kTileBytesQ + 2 * kStages * kTileBytesKV + 1024 + 256;
+  static constexpr int kQStages =
+      2 * kTileBytesQ + 2 * kStages * kTileBytesKV + kTileBytesO + 1024 + 256 <= 227 * 1024 ? 2 : 1;
+  // Q, the K and V stages, O, 1024 bytes of alignment slack, the barriers
+  static constexpr int kSmemBytes = kQStages * kTileBytesQ + 2 * kStages * kTileBytesKV + kTileBytesO + 1024 + 256;
   static_assert(kHeadDim % 64 == 0 && kSmemBytes <= 227 * 1024, "tiles must fit shared memory");
 };
 
@@ -122,7 +129,8 @@ __device__ __forceinline__ void pv_step(float (&acc_o)[kHeadDim / 2], const uint
 }
 
 struct Sm90Maps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, o;  // o: 64-row boxes, valid where store_o
+  int store_o;             // O by TMA store: dense calls whose output a map can address (kTileBytesO > 0)
 };
 
 template <typename T, typename Config>
@@ -140,7 +148,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   T* smem_q = reinterpret_cast<T*>(base);
   T* smem_k = reinterpret_cast<T*>(base + kQStages * kTileBytesQ);
   T* smem_v = reinterpret_cast<T*>(base + kQStages * kTileBytesQ + kStages * kTileBytesKV);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(base + kQStages * kTileBytesQ + 2 * kStages * kTileBytesKV);
+  unsigned char* smem_o = base + kQStages * kTileBytesQ + 2 * kStages * kTileBytesKV;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem_o + Config::kTileBytesO);
   uint64_t* q_full = bars;                               // [kQStages]
   uint64_t* q_empty = bars + kQStages;                   // [kQStages]
   uint64_t* k_full = bars + 2 * kQStages;                // [kStages]
@@ -393,6 +402,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // (FlashAttention-3's intra-warpgroup overlap): the tensor cores have the next GEMM while the
   // warpgroup computes exponentials. P is rewritten only once its P V has retired. Stages and
   // phases count this CTA's Q loads and K / V blocks over its tiles, as the producer counts them.
+  const bool store_o = Config::kTileBytesO > 0 && maps.store_o;  // (the epilogue below)
   int q_uses = 0, kv_uses = 0;
   for (int t = blockIdx.x; t < walk.loop_tiles; t += walk.grid) {
     x = tile_at(t);
@@ -447,32 +457,71 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       kv_uses += num_n_blocks;
     }
 
-    // Epilogue: O / l (0 for a row that saw no key) straight from registers, and the lse.
+    // Epilogue: O / l (0 for a row that saw no key) and the lse, O's own columns. Where the config
+    // has an O tile and the call a map of O, each warpgroup writes its 64 rows through its part of
+    // the tile and one TMA store per slab (rows past the sequence and columns past the head dim
+    // left out), and goes on to its next tile while the copy engine writes them; otherwise O goes
+    // straight from registers.
     const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
     const int64_t lse_offset = varlen ? x.row_q : int64_t(x.batch) * p.lse_batch_stride;
     T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
+    float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float total = row_sum[r];
       total += __shfl_xor_sync(0xffffffffu, total, 1);
       total += __shfl_xor_sync(0xffffffffu, total, 2);
+      inv[r] = total > 0.0f ? 1.0f / total : 0.0f;
       const int row = x.m_start + row0 + 8 * r;
       if (row >= x.seqlen_q) continue;
-      const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+      if (!store_o) {
 #pragma unroll
-      for (int i = 0; i < kHeadDim / 8; ++i) {
-        if constexpr (Config::kNarrowHeadDims) {  // (a head dim under the kernel's: O has only its own columns)
-          if (8 * i >= p.head_dim) break;
+        for (int i = 0; i < kHeadDim / 8; ++i) {
+          if constexpr (Config::kNarrowHeadDims) {  // (a head dim under the kernel's: O has only its own columns)
+            if (8 * i >= p.head_dim) break;
+          }
+          const int col = 8 * i + 2 * quad;
+          *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
+              ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv[r], acc_o[4 * i + 2 * r + 1] * inv[r]);
         }
-        const int col = 8 * i + 2 * quad;
-        *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
-            ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv, acc_o[4 * i + 2 * r + 1] * inv);
       }
       if (p.lse != nullptr && quad == 0) {
         p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] = row_lse({row_max[r] * score_scale, total});
       }
     }
+    if constexpr (Config::kTileBytesO > 0) {
+      if (store_o) {
+        // This warpgroup's previous store has read its part (its issuer waits, the others at
+        // the barrier, named 4 + c: this warpgroup's own). stmatrix x4 of n8 tiles 2 k, 2 k + 1:
+        // lane 8 m + j addresses row j of matrix m, row 16 warp + 8 (m % 2) + j of the part,
+        // n8 tile 2 k + m / 2: slab n8 / 8, 16-byte chunk n8 % 8 ^ j (the 128-byte swizzle).
+        unsigned char* part = smem_o + c * (64 * 128 * kSlabs);  // (slabs of 64 rows × 128 bytes)
+        if (threadIdx.x % 128 == 0) sm90::bulk_wait_group_read<0>();
+        sm90::named_barrier_sync(4 + c, 128);
+        const int m = lane / 8, j = lane % 8, part_row = 16 * warp + 8 * (m % 2) + j;
+#pragma unroll
+        for (int k = 0; k < kHeadDim / 16; ++k) {
+          const int n8 = 2 * k + m / 2;
+          sm90::stmatrix_x4(part + (n8 / 8) * (64 * 128) + part_row * 128 + (((n8 % 8) ^ j) << 4),
+                            ptx::pack2<T>(acc_o[8 * k] * inv[0], acc_o[8 * k + 1] * inv[0]),
+                            ptx::pack2<T>(acc_o[8 * k + 2] * inv[1], acc_o[8 * k + 3] * inv[1]),
+                            ptx::pack2<T>(acc_o[8 * k + 4] * inv[0], acc_o[8 * k + 5] * inv[0]),
+                            ptx::pack2<T>(acc_o[8 * k + 6] * inv[1], acc_o[8 * k + 7] * inv[1]));
+        }
+        sm90::fence_proxy_async();  // (the generic stores before the copy engine's reads)
+        sm90::named_barrier_sync(4 + c, 128);
+        if (threadIdx.x % 128 == 0) {
+          for (int slab = 0; slab < kSlabs; ++slab) {
+            sm90::tma_store_4d(&maps.o, part + slab * (64 * 128), 64 * slab, x.head,
+                               int(x.row_q) + x.m_start + 64 * c, x.tma_batch);
+          }
+          sm90::bulk_commit_group();
+        }
+      }
+    }
   }
+  // The last stores have read shared memory before the block exits.
+  if (store_o && threadIdx.x % 128 == 0) sm90::bulk_wait_group_read<0>();
 }
 
 template <typename T, typename Config>
@@ -497,6 +546,11 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
                                             p.k_row_stride, p.k_head_stride, p.k_batch_stride, Config::kBlockN));
   FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, p.head_dim, p.heads_kv, rows_k, batch,
                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, Config::kBlockN));
+  // O by TMA store where the config has an O tile and the output's pointer and strides suit a map
+  // (varlen: a 64-row box would write the next sequence's rows)
+  maps.store_o = Config::kTileBytesO > 0 && !varlen &&
+                 make_tma_attention_map(&maps.o, p.o, p.head_dim, p.heads, rows_q, batch, p.o_row_stride,
+                                        p.o_head_stride, p.o_batch_stride, 64) == cudaSuccess;
   // Tiles of equal work (no causal mask, no window, a dense batch), or causal units of two tiles
   // of equal work: a CTA per SM walking them, so a tile's prologue
   // overlaps the previous one's end; else a CTA per tile, longest first.
