@@ -1,9 +1,10 @@
-"""Gathers several runs of benchmarks/bench_attention.py (one section: train or fwd) into the
-per-point medians a bar inside run-to-run noise is judged on: for every point, flashext's ratio
-time(anchor) / time(flashext) in each run and its median over the runs; then the worst and median
-of those medians over the bar's points (D = 64 and 128, S >= 1024, both dtypes, causal and not).
+"""Gathers several runs of benchmarks/bench_attention.py (one section: train or fwd) or
+benchmarks/bench_decode.py (section decode) into the per-point medians a bar inside run-to-run
+noise is judged on: for every point, flashext's ratio time(anchor) / time(flashext) in each run and
+its median over the runs; then the worst and median of those medians over the bar's points
+(attention: D = 64 and 128, S >= 1024, both dtypes, causal and not; decode: every point).
 
-    python benchmarks/attention_runs.py OUT.json RUN.json RUN.json RUN.json [--anchor sdpa_cudnn]
+    python benchmarks/attention_runs.py OUT.json RUN.json RUN.json RUN.json [--anchor sdpa_cudnn] [--section train]
 
 Runs of different commits may be gathered (the bar is judged on the code each ran); each run's
 commit and date are kept in the output.
@@ -17,44 +18,56 @@ import statistics
 from pathlib import Path
 
 # what a section times, per row: the train section both passes, the forward section one
-METRICS = {"train": ("fwd_bwd_ms", "bwd_ms"), "fwd": ("ms",)}
+METRICS = {"train": ("fwd_bwd_ms", "bwd_ms"), "fwd": ("ms",), "decode": ("ms",)}
 
 
-def point(row: dict) -> tuple:
-    return (row["dtype"], row["head_dim"], row["causal"], row["seqlen"])
+def point_fields(section: str) -> tuple:
+    """What names a point of the section."""
+    return ("dtype", "batch", "seqlen") if section == "decode" else ("dtype", "head_dim", "causal", "seqlen")
 
 
-def gather(runs: list[dict], anchor: str, head_dims=(64, 128), min_seqlen=1024) -> dict:
-    """The per-point ratios of each run and their medians, and the bar's summary per metric. A point
-    counts where every run timed it validly for both flashext and the anchor."""
-    sections = {row["section"] for run in runs for row in run["rows"]} & set(METRICS)
-    if len(sections) != 1:
-        raise ValueError(f"attention_runs: the runs must hold exactly one of the sections {sorted(METRICS)}, "
-                         f"found {sorted(sections)}")
-    section = sections.pop()
-    tables = [{point(r): r for r in run["rows"] if r["section"] == section} for run in runs]
+def in_bar(section: str, entry: dict, head_dims, min_seqlen) -> bool:
+    return section == "decode" or (entry["head_dim"] in head_dims and entry["seqlen"] >= min_seqlen)
+
+
+def gather(runs: list[dict], anchor: str, section: str | None = None, head_dims=(64, 128), min_seqlen=1024) -> dict:
+    """The per-point ratios of each run and their medians, and the bar's summary per metric, for
+    `section` (default: the one section of METRICS the runs hold). A point counts where every run
+    timed it validly for both flashext and the anchor (a cell that failed holds no time)."""
+    if section is None:
+        sections = {row["section"] for run in runs for row in run["rows"]} & set(METRICS)
+        if len(sections) != 1:
+            raise ValueError(f"attention_runs: the runs must hold exactly one of the sections {sorted(METRICS)} "
+                             f"(or name one: --section), found {sorted(sections)}")
+        section = sections.pop()
+    elif section not in METRICS:
+        raise ValueError(f"attention_runs: section must be one of {sorted(METRICS)}, got {section!r}")
+    fields = point_fields(section)
+    tables = [{tuple(r[f] for f in fields): r for r in run["rows"] if r["section"] == section} for run in runs]
     out = {"section": section, "anchor": anchor,
            "runs": [{k: run["meta"].get(k) for k in ("commit", "commit_note", "date", "gpu", "torch")}
                     for run in runs],
            "points": [], "bar": {}}
     for key in sorted(set.intersection(*(set(t) for t in tables))):
         cells = [(t[key].get("flashext"), t[key].get(anchor)) for t in tables]
-        if not all(ours and theirs and ours.get("valid", True) and theirs.get("valid", True)
+        if not all(ours and theirs and ours.get("valid", True) and theirs.get("valid", True) and
+                   all(metric in ours and metric in theirs for metric in METRICS[section])
                    for ours, theirs in cells):
             continue
-        entry = {"dtype": key[0], "head_dim": key[1], "causal": key[2], "seqlen": key[3]}
+        entry = dict(zip(fields, key))
         for metric in METRICS[section]:
             ratios = [theirs[metric] / ours[metric] for ours, theirs in cells]
             entry[metric] = {"runs": ratios, "median": statistics.median(ratios)}
         out["points"].append(entry)
-    bar_points = [p for p in out["points"] if p["head_dim"] in head_dims and p["seqlen"] >= min_seqlen]
+    bar_points = [p for p in out["points"] if in_bar(section, p, head_dims, min_seqlen)]
     for metric in METRICS[section]:
         medians = [p[metric]["median"] for p in bar_points]
         if medians:
             worst = min(bar_points, key=lambda p: p[metric]["median"])
-            out["bar"][metric] = {"head_dims": list(head_dims), "min_seqlen": min_seqlen, "points": len(medians),
-                                  "median": statistics.median(medians), "worst": worst[metric]["median"],
-                                  "worst_point": {k: worst[k] for k in ("dtype", "head_dim", "causal", "seqlen")}}
+            out["bar"][metric] = {"points": len(medians), "median": statistics.median(medians),
+                                  "worst": worst[metric]["median"], "worst_point": {k: worst[k] for k in fields}}
+            if section != "decode":
+                out["bar"][metric].update(head_dims=list(head_dims), min_seqlen=min_seqlen)
     return out
 
 
@@ -63,14 +76,18 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("runs", type=Path, nargs="+")
     parser.add_argument("--anchor", default="sdpa_cudnn")
+    parser.add_argument("--section", choices=sorted(METRICS), help="default: the one section the runs hold")
     args = parser.parse_args()
-    result = gather([json.loads(path.read_text()) for path in args.runs], args.anchor)
+    result = gather([json.loads(path.read_text()) for path in args.runs], args.anchor, args.section)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for metric, bar in result["bar"].items():
-        w = bar["worst_point"]
-        print(f"{result['section']} {metric}: over {bar['points']} points (D {bar['head_dims']}, S >= {bar['min_seqlen']}), "
-              f"medians of {len(args.runs)} runs: median {bar['median']:.3f}x, worst {bar['worst']:.3f}x "
-              f"{args.anchor} ({w['dtype']} D={w['head_dim']} {'causal' if w['causal'] else 'full'} S={w['seqlen']})")
+        where = "" if result["section"] == "decode" else f" (D {bar['head_dims']}, S >= {bar['min_seqlen']})"
+        print(f"{result['section']} {metric}: over {bar['points']} points{where}, medians of {len(args.runs)} runs: "
+              f"median {bar['median']:.3f}x, worst {bar['worst']:.3f}x {args.anchor} at {bar['worst_point']}")
+    if result["section"] == "decode":
+        for p in result["points"]:
+            print(f"  {p['dtype']} {p['batch']} x {p['seqlen']}: median {p['ms']['median']:.3f}x "
+                  f"(runs {', '.join(f'{r:.3f}' for r in p['ms']['runs'])})")
 
 
 if __name__ == "__main__":

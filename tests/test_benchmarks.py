@@ -74,15 +74,36 @@ def test_attention_runs_medians_per_point():
                 for (d, s), t in times.items()]
         return {"meta": {"commit": "abc"}, "rows": rows}
 
-    runs = [run({(64, 1024): 0.9, (128, 4096): 1.2, (64, 512): 0.5, (256, 2048): 0.1}),
-            run({(64, 1024): 1.0, (128, 4096): 0.8, (64, 512): 0.5, (256, 2048): 0.1, (128, 2048): 0.1}),
-            run({(64, 1024): 1.1, (128, 4096): 1.0, (64, 512): 0.5, (256, 2048): 0.1}, invalid=[(256, 2048)])]
+    runs = [run({(64, 1024): 0.9, (128, 4096): 1.2, (128, 1024): 2.0, (64, 512): 0.5, (256, 2048): 0.1}),
+            run({(64, 1024): 1.0, (128, 4096): 1.3, (128, 1024): 2.0, (64, 512): 0.5, (256, 2048): 0.1, (128, 2048): 0.1}),
+            run({(64, 1024): 1.4, (128, 4096): 0.5, (128, 1024): 2.0, (64, 512): 0.5, (256, 2048): 0.1}, invalid=[(256, 2048)])]
     out = gather(runs, "sdpa_cudnn")
     assert out["section"] == "train" and [r["commit"] for r in out["runs"]] == ["abc"] * 3
-    assert [(p["head_dim"], p["seqlen"]) for p in out["points"]] == [(64, 512), (64, 1024), (128, 4096)]
-    assert out["points"][1]["fwd_bwd_ms"] == {"runs": [0.9, 1.0, 1.1], "median": 1.0}
+    assert [(p["head_dim"], p["seqlen"]) for p in out["points"]] == [(64, 512), (64, 1024), (128, 1024), (128, 4096)]
+    assert out["points"][1]["fwd_bwd_ms"] == {"runs": [0.9, 1.0, 1.4], "median": 1.0}
     bar = out["bar"]["fwd_bwd_ms"]
-    assert bar["points"] == 2 and bar["worst"] == 1.0 and bar["median"] == 1.0
-    assert bar["worst_point"]["seqlen"] == 1024 and out["bar"]["bwd_ms"]["median"] == 2.0
+    assert bar["points"] == 3 and bar["worst"] == 1.0 and bar["median"] == 1.2
+    assert bar["worst_point"]["seqlen"] == 1024 and bar["worst_point"]["head_dim"] == 64
+    assert out["bar"]["bwd_ms"]["median"] == 2.4
     with pytest.raises(ValueError, match="exactly one of the sections"):
         gather([{"meta": {}, "rows": []}], "sdpa_cudnn")
+    # a cell of an implementation that failed holds its error, not a time: the point is left out
+    runs[1]["rows"][0]["sdpa_cudnn"] = {"error_message": "boom"}
+    assert (64, 1024) not in [(p["head_dim"], p["seqlen"]) for p in gather(runs, "sdpa_cudnn", "train")["points"]]
+
+
+def test_attention_runs_decode_points():
+    """bench_decode runs: points by (dtype, batch, seqlen), every point in the bar, only the named
+    section's rows (the paged rows beside them are not decode points)."""
+    from benchmarks.attention_runs import gather
+
+    def run(t32, t1):
+        rows = [{"section": "decode", "dtype": "bf16", "batch": b, "seqlen": s,
+                 "flashext": {"ms": 1.0}, "sdpa_cudnn": {"ms": t}} for b, s, t in ((32, 4096, t32), (1, 32768, t1))]
+        rows.append({"section": "paged", "dtype": "bf16", "batch": 32, "seqlen": 4096, "flashext": {"ms": 9.0}})
+        return {"meta": {}, "rows": rows}
+
+    out = gather([run(0.9, 2.0), run(1.0, 1.0), run(0.95, 3.0)], "sdpa_cudnn", "decode")
+    assert [(p["batch"], p["ms"]["median"]) for p in out["points"]] == [(1, 2.0), (32, 0.95)]
+    assert out["bar"]["ms"]["points"] == 2 and out["bar"]["ms"]["worst"] == 0.95
+    assert out["bar"]["ms"]["worst_point"] == {"dtype": "bf16", "batch": 32, "seqlen": 4096}
