@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   constexpr int kTileBytesQ = Config::kTileBytesQ, kTileBytesKV = Config::kTileBytesKV;
   constexpr int kQStages = Config::kQStages;
   extern __shared__ unsigned char smem_raw[];
-  // 1024-byte aligned tiles (the swizzle atom): Q buffers, then K stages, then V stages, then barriers.
+  // 1024-byte aligned tiles (the swizzle atom): Q buffers, then K stages, V stages, the O tile (D ≤ 128), then
+  // barriers.
   const uint32_t raw = sm90::smem_addr(smem_raw);
   unsigned char* base = smem_raw + ((1024 - raw % 1024) % 1024);
   T* smem_q = reinterpret_cast<T*>(base);
