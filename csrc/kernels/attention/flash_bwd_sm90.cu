@@ -560,22 +560,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int kSlabBytesOut = (kBlockN / 2) * 128;
     static_assert(2 * C::kSlabs * kSlabBytesOut <= C::kStages * C::kTileBytesQ,
                   "Q's (dO's) stages hold consumer 0's (1's) dK and dV");
-    // stmatrix x4 of fragments (i, r = 0), (i, r = 1), (i + 1, r = 0), (i + 1, r = 1): lane 8 m + jj
-    // addresses row jj of matrix m, key row 16 warp + 8 (m % 2) + jj, 16-byte chunk i + m / 2.
-    const int m = lane / 8, jj = lane % 8, row = 16 * warp + 8 * (m % 2) + jj;
-#pragma unroll
-    for (int i = 0; i < C::kHeadDim / 8; i += 2) {
-      const int chunk = i + m / 2;
-      unsigned char* at = out + (chunk / 8) * kSlabBytesOut + row * 128 + (((chunk % 8) ^ jj) << 4);
-      sm90::stmatrix_x4(at, ptx::pack2<T>(acc_dk[4 * i] * p.softmax_scale, acc_dk[4 * i + 1] * p.softmax_scale),
-                        ptx::pack2<T>(acc_dk[4 * i + 2] * p.softmax_scale, acc_dk[4 * i + 3] * p.softmax_scale),
-                        ptx::pack2<T>(acc_dk[4 * i + 4] * p.softmax_scale, acc_dk[4 * i + 5] * p.softmax_scale),
-                        ptx::pack2<T>(acc_dk[4 * i + 6] * p.softmax_scale, acc_dk[4 * i + 7] * p.softmax_scale));
-      sm90::stmatrix_x4(at + C::kSlabs * kSlabBytesOut, ptx::pack2<T>(acc_dv[4 * i], acc_dv[4 * i + 1]),
-                        ptx::pack2<T>(acc_dv[4 * i + 2], acc_dv[4 * i + 3]),
-                        ptx::pack2<T>(acc_dv[4 * i + 4], acc_dv[4 * i + 5]),
-                        ptx::pack2<T>(acc_dv[4 * i + 6], acc_dv[4 * i + 7]));
-    }
+    static_assert(kBlockN / 2 == 64, "a consumer's keys are the 64 rows stmatrix_accumulator writes");
+    sm90::stmatrix_accumulator<T, C::kHeadDim>(out, kSlabBytesOut, acc_dk, p.softmax_scale, p.softmax_scale);
+    sm90::stmatrix_accumulator<T, C::kHeadDim>(out + C::kSlabs * kSlabBytesOut, kSlabBytesOut, acc_dv, 1.0f, 1.0f);
     sm90::fence_proxy_async();  // (the generic stores before the TMA's reads)
     sm90::named_barrier_sync(kBarrierDs, 256);
     const int first_key = n_start + (kBlockN / 2) * c;

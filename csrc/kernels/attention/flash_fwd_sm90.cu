@@ -493,22 +493,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if constexpr (Config::kTileBytesO > 0) {
       if (store_o) {
         // This warpgroup's previous store has read its part (its issuer waits, the others at
-        // the barrier, named 4 + c: this warpgroup's own). stmatrix x4 of n8 tiles 2 k, 2 k + 1:
-        // lane 8 m + j addresses row j of matrix m, row 16 warp + 8 (m % 2) + j of the part,
-        // n8 tile 2 k + m / 2: slab n8 / 8, 16-byte chunk n8 % 8 ^ j (the 128-byte swizzle).
+        // the barrier, named 4 + c: this warpgroup's own).
         unsigned char* part = smem_o + c * (64 * 128 * kSlabs);  // (slabs of 64 rows × 128 bytes)
         if (threadIdx.x % 128 == 0) sm90::bulk_wait_group_read<0>();
         sm90::named_barrier_sync(4 + c, 128);
-        const int m = lane / 8, j = lane % 8, part_row = 16 * warp + 8 * (m % 2) + j;
-#pragma unroll
-        for (int k = 0; k < kHeadDim / 16; ++k) {
-          const int n8 = 2 * k + m / 2;
-          sm90::stmatrix_x4(part + (n8 / 8) * (64 * 128) + part_row * 128 + (((n8 % 8) ^ j) << 4),
-                            ptx::pack2<T>(acc_o[8 * k] * inv[0], acc_o[8 * k + 1] * inv[0]),
-                            ptx::pack2<T>(acc_o[8 * k + 2] * inv[1], acc_o[8 * k + 3] * inv[1]),
-                            ptx::pack2<T>(acc_o[8 * k + 4] * inv[0], acc_o[8 * k + 5] * inv[0]),
-                            ptx::pack2<T>(acc_o[8 * k + 6] * inv[1], acc_o[8 * k + 7] * inv[1]));
-        }
+        sm90::stmatrix_accumulator<T, kHeadDim>(part, 64 * 128, acc_o, inv[0], inv[1]);
         sm90::fence_proxy_async();  // (the generic stores before the copy engine's reads)
         sm90::named_barrier_sync(4 + c, 128);
         if (threadIdx.x % 128 == 0) {

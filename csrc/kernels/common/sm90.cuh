@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "macros.h"
+#include "ptx.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FX_SM90_ENABLED 1
@@ -246,6 +247,28 @@ FX_DEVICE void stmatrix_x4(void* row, uint32_t r0, uint32_t r1, uint32_t r2, uin
   (void)row, (void)r0, (void)r1, (void)r2, (void)r3;
   __trap();
 #endif
+}
+
+// A warpgroup's 64 × kCols fp32 wgmma accumulator (element 4 i + 2 r + e: row 16 warp + lane / 4
+// + 8 r, column 8 i + 2 (lane % 4) + e), each row half r times scale[r], as 16-bit T into slabs of
+// 64 rows × 128 bytes (64 columns; slab_bytes apart) in the 128-byte swizzle a TMA store reads:
+// stmatrix x4 of n8 tiles 2 k and 2 k + 1, lane 8 m + j addressing row j of matrix m, which is row
+// 16 warp + 8 (m % 2) + j of n8 tile 2 k + m / 2: slab n8 / 8, 16-byte chunk (n8 % 8) ^ j. (The
+// Hopper forward's O and backward's dK and dV on their way out.)
+template <typename T, int kCols>
+FX_DEVICE void stmatrix_accumulator(unsigned char* slabs, int slab_bytes, const float (&acc)[kCols / 2],
+                                    float scale_top, float scale_bottom) {
+  const int lane = threadIdx.x % 32, m = lane / 8, j = lane % 8;
+  unsigned char* row = slabs + (16 * ((threadIdx.x / 32) % 4) + 8 * (m % 2) + j) * 128;
+#pragma unroll
+  for (int k = 0; k < kCols / 16; ++k) {
+    const int n8 = 2 * k + m / 2;
+    stmatrix_x4(row + (n8 / 8) * slab_bytes + (((n8 % 8) ^ j) << 4),
+                ptx::pack2<T>(acc[8 * k] * scale_top, acc[8 * k + 1] * scale_top),
+                ptx::pack2<T>(acc[8 * k + 2] * scale_bottom, acc[8 * k + 3] * scale_bottom),
+                ptx::pack2<T>(acc[8 * k + 4] * scale_top, acc[8 * k + 5] * scale_top),
+                ptx::pack2<T>(acc[8 * k + 6] * scale_bottom, acc[8 * k + 7] * scale_bottom));
+  }
 }
 
 // ---- register reallocation (§9.7.17.2 setmaxnreg; every warp of the warpgroup executes it) ----
