@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.compare_ab import key, point_fields  # noqa: E402
 
 # what a section times, per row: the train section both passes, the forward section one
 METRICS = {"train": ("fwd_bwd_ms", "bwd_ms"), "fwd": ("ms",), "decode": ("ms",)}
-
-
-def point_fields(section: str) -> tuple:
-    """What names a point of the section."""
-    return ("dtype", "batch", "seqlen") if section == "decode" else ("dtype", "head_dim", "causal", "seqlen")
 
 
 def in_bar(section: str, entry: dict, head_dims, min_seqlen) -> bool:
@@ -42,19 +42,18 @@ def gather(runs: list[dict], anchor: str, section: str | None = None, head_dims=
         section = sections.pop()
     elif section not in METRICS:
         raise ValueError(f"attention_runs: section must be one of {sorted(METRICS)}, got {section!r}")
-    fields = point_fields(section)
-    tables = [{tuple(r[f] for f in fields): r for r in run["rows"] if r["section"] == section} for run in runs]
+    tables = [{key(r): r for r in run["rows"] if r["section"] == section} for run in runs]
     out = {"section": section, "anchor": anchor,
            "runs": [{k: run["meta"].get(k) for k in ("commit", "commit_note", "date", "gpu", "torch")}
                     for run in runs],
            "points": [], "bar": {}}
-    for key in sorted(set.intersection(*(set(t) for t in tables))):
-        cells = [(t[key].get("flashext"), t[key].get(anchor)) for t in tables]
+    for point in sorted(set.intersection(*(set(t) for t in tables))):
+        cells = [(t[point].get("flashext"), t[point].get(anchor)) for t in tables]
         if not all(ours and theirs and ours.get("valid", True) and theirs.get("valid", True) and
                    all(metric in ours and metric in theirs for metric in METRICS[section])
                    for ours, theirs in cells):
             continue
-        entry = dict(zip(fields, key))
+        entry = dict(zip(point_fields(tables[0][point]), point))
         for metric in METRICS[section]:
             ratios = [theirs[metric] / ours[metric] for ours, theirs in cells]
             entry[metric] = {"runs": ratios, "median": statistics.median(ratios)}
@@ -65,7 +64,8 @@ def gather(runs: list[dict], anchor: str, section: str | None = None, head_dims=
         if medians:
             worst = min(bar_points, key=lambda p: p[metric]["median"])
             out["bar"][metric] = {"points": len(medians), "median": statistics.median(medians),
-                                  "worst": worst[metric]["median"], "worst_point": {k: worst[k] for k in fields}}
+                                  "worst": worst[metric]["median"],
+                                  "worst_point": {k: worst[k] for k in point_fields(worst)}}
             if section != "decode":
                 out["bar"][metric].update(head_dims=list(head_dims), min_seqlen=min_seqlen)
     return out

@@ -28,10 +28,14 @@ def load(path: str, metric: str | None, ours: str = "flashext", section: str | N
     return payload["meta"], rows, metric
 
 
+def point_fields(row: dict) -> tuple:
+    """What names a grid point: an attention row's dtype, head dim, mask and length, or a decode
+    row's dtype, batch and KV length."""
+    return ("dtype", "head_dim", "causal", "seqlen") if "head_dim" in row else ("dtype", "batch", "seqlen")
+
+
 def key(row) -> tuple:
-    if "head_dim" in row:
-        return row["dtype"], row["head_dim"], row["causal"], row["seqlen"]
-    return row["dtype"], row["batch"], row["seqlen"]  # decode
+    return tuple(row[f] for f in point_fields(row))
 
 
 def label(point: tuple) -> str:

@@ -16,11 +16,11 @@ Variants, each trained from the same start:
     sdpa_flash     F.scaled_dot_product_attention on its FlashAttention-2 backend and F.gelu(x + b)
     sdpa_default   F.scaled_dot_product_attention with no backend chosen (cuDNN on Hopper)
 The variants train interleaved, 10 steps of each in turn (the order rotated every round), so that
-a drift in the host's or the GPU's speed during the run falls on all of them alike. Prints tokens per second of each (after
-warm-up), flashext's ratio to each other variant (over the whole run, and the median and range of
-the per-round ratios), and the largest gap between flashext's loss curve and sdpa_default's, beside
-the gap between sdpa_flash's and sdpa_default's (the noise of two backends of the same math);
-writes train_gpt_{eager,compiled}.json and .png to --out.
+a drift in the host's or the GPU's speed during the run falls on all of them alike. Prints tokens
+per second of each (after warm-up), flashext's ratio to each other variant (over the whole run, and
+the median and range of the per-round ratios), and the largest gap between flashext's loss curve
+and sdpa_default's, beside the gap between sdpa_flash's and sdpa_default's (the noise of two
+backends of the same math); writes train_gpt_{eager,compiled}.json and .png to --out.
 """
 
 from __future__ import annotations

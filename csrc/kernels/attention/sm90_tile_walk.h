@@ -1,5 +1,5 @@
 // flashext: how the Hopper forward (flash_fwd_sm90.cu) walks its tiles, on the host and the device,
-// so that tests/cpp checks the walk on the CPU (FlashFwdSm90TileWalk in test_attention.cpp).
+// so that tests/cpp checks the walk on the CPU (FlashFwd.Sm90TileWalkVisitsEveryTileOnce).
 //
 // A tile is (query block, head, sequence). Tile index t = (sequence · heads + head) · num_m + the
 // query block counted from the last, so a CTA per tile starts the longest (causal) tiles first,
