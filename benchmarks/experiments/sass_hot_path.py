@@ -1,0 +1,132 @@
+"""The instructions of a Hopper attention kernel's key loop on its shortest path, counted in SASS.
+
+    python3 benchmarks/experiments/sass_hot_path.py KERNELS.cubin [NAME_REGEX] [--list]
+
+For each kernel of the cubin whose name matches NAME_REGEX (default: every flash_*_sm90_kernel),
+the innermost loop that issues HGMMA (the back branch with the shortest body holding one), and the
+shortest path through it from its head to that back branch: a full key block with no mask, no
+soft-cap and no varlen guard, and every barrier wait passing at once, the iteration that dominates a
+long call. Its counts by kind (FP: FADD, FMUL, FFMA, FMNMX, MUFU, F2FP; the rest is the integer,
+uniform, predicate and synchronisation work around them) are what docs/notes/attention.md compares
+with cuDNN's source-level profile. `--list` prints the path itself.
+
+The cubin: `nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include
+-Icsrc/kernels -cubin csrc/kernels/attention/flash_fwd_sm90.cu -o fwd.cubin`; cuobjdump is taken
+from the CUDA toolkit, or from Triton's bundled copy when the toolkit has none.
+"""
+
+import heapq
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+FP = ("FADD", "FMUL", "FFMA", "FMNMX", "MUFU", "F2FP")
+
+
+def cuobjdump():
+    found = shutil.which("cuobjdump") or (Path("/usr/local/cuda/bin/cuobjdump").exists() and "/usr/local/cuda/bin/cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+
+        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if bundled.exists():
+            return str(bundled)
+    except ImportError:
+        pass
+    sys.exit("cuobjdump not found (no CUDA toolkit on PATH, no Triton)")
+
+
+def kernels(cubin, pattern):
+    """{name: [(address, instruction)]} of the matching functions."""
+    sass = subprocess.run([cuobjdump(), "-sass", cubin], check=True, capture_output=True, text=True).stdout
+    out, name = {}, None
+    for line in sass.splitlines():
+        if "Function :" in line:
+            name = line.split("Function :")[1].strip()
+            name = name if re.search(pattern, name) else None
+            if name:
+                out[name] = []
+            continue
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m and name:
+            out[name].append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def target(instruction):
+    m = re.search(r"\bBRA (?:\S+, )?(0x[0-9a-f]+)", instruction)
+    return int(m.group(1), 16) if m and "U.ANY" not in instruction else None
+
+
+def hot_path(code):
+    """The shortest path through the innermost HGMMA loop: [(address, instruction)]."""
+    order = [a for a, _ in code]
+    ins = dict(code)
+    index = {a: k for k, a in enumerate(order)}
+    loop = None
+    for a in order:  # conditional back branches (a retry stub's jump back is unconditional)
+        t = target(ins[a])
+        if t is not None and t < a and ins[a].startswith("@"):
+            body = [x for x in order if t <= x <= a]
+            if any("HGMMA" in ins[x] for x in body) and (loop is None or len(body) < loop[2]):
+                loop = (t, a, len(body))
+    if loop is None:
+        return []
+    start, end, _ = loop
+    dist, prev, queue = {start: 1}, {start: None}, [(1, start)]
+    while queue:
+        d, a = heapq.heappop(queue)
+        if a == end:
+            break
+        if d > dist[a]:
+            continue
+        i, t = ins[a], target(ins[a])
+        nxt = order[index[a] + 1] if index[a] + 1 < len(order) else None
+        succ = []
+        if t is not None:
+            succ.append(t)
+            if i.startswith("@"):
+                succ.append(nxt)
+        elif "EXIT" not in i or i.startswith("@"):
+            succ.append(nxt)
+        for s in succ:
+            if s is not None and start <= s <= end and d + 1 < dist.get(s, 1 << 30):
+                dist[s], prev[s] = d + 1, a
+                heapq.heappush(queue, (d + 1, s))
+    path, a = [], end
+    while a is not None:
+        path.append((a, ins[a]))
+        a = prev.get(a)
+    return path[::-1]
+
+
+def opcode(instruction):
+    return re.sub(r"^@!?U?P\w+ ", "", instruction).split(" ")[0].split(".")[0]
+
+
+def main():
+    args = [a for a in sys.argv[1:] if a != "--list"]
+    if not args:
+        sys.exit(__doc__)
+    pattern = args[1] if len(args) > 1 else r"flash_\w+_sm90_kernel"
+    for name, code in kernels(args[0], pattern).items():
+        path = hot_path(code)
+        kinds = Counter(opcode(i) for _, i in path)
+        fp, hgmma = sum(kinds[k] for k in FP), kinds["HGMMA"]
+        config = re.search(r"(Sm90\w*?Config)((?:ILi|Li)(\d+)E)+", name)
+        numbers = re.findall(r"Li(\d+)E", config.group(0)) if config else []
+        label = f"{config.group(1)}<{', '.join(numbers)}>" if config else name
+        dtype = "bf16" if "bfloat16" in name else "fp16" if "half" in name else ""
+        print(f"{dtype} {label}: {len(path)} instructions "
+              f"(FP {fp}, HGMMA {hgmma}, other {len(path) - fp - hgmma})")
+        if "--list" in sys.argv:
+            print("\n".join(f"  {a:05x} {i}" for a, i in path))
+
+
+if __name__ == "__main__":
+    main()
