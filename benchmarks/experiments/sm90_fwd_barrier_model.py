@@ -40,13 +40,21 @@ class Fail(Exception):
     pass
 
 
+def tile_uses(tiles):
+    """Each tile that has blocks, with the Q loads and K / V blocks before it on the CTA (the
+    producer and the consumers count them alike; a tile of no block loads nothing)."""
+    q_uses = kv = 0
+    for n in tiles:
+        if n:
+            yield n, q_uses, kv
+            q_uses += 1
+            kv += n
+
+
 def consumer_program(tiles, SK, SV, kQ, deep_on, variant):
     """Ops for one warp (the same for every warp; warp 0 also does the releases)."""
     ops = []
-    q_uses = kv = 0
-    for n in tiles:
-        if n == 0:
-            continue
+    for n, q_uses, kv in tile_uses(tiles):
         qs = q_uses % kQ
         Q = ("Q", qs, q_uses)
         K = lambda b: ("K", (kv + b) % SK, kv + b)
@@ -65,7 +73,6 @@ def consumer_program(tiles, SK, SV, kQ, deep_on, variant):
                 if it == n - 1: R(Q)
                 R(V(it - 1))
             W(V(n - 1)); R(V(n - 1))
-            q_uses += 1; kv += n
             continue
         if deep_on and n > 1:
             W(K(0)); I([Q, K(0)], "S0")
@@ -106,22 +113,16 @@ def consumer_program(tiles, SK, SV, kQ, deep_on, variant):
                 R(V(it - 1))
         W(V(n - 1))
         I([V(n - 1)], "PV%d" % (n - 1)); G(0); R(V(n - 1))
-        q_uses += 1
-        kv += n
     return ops
 
 
 def producer_program(tiles, SK, SV, kQ):
     ops = []
-    q_uses = kv = 0
-    for n in tiles:
-        if n == 0:
-            continue
+    for n, q_uses, kv in tile_uses(tiles):
         qs = q_uses % kQ
         if q_uses >= kQ:
             ops.append(("wait_empty", ("Q", qs), ((q_uses // kQ) & 1) ^ 1))
         ops.append(("load", ("Q", qs, q_uses)))
-        q_uses += 1
 
         def load(kind, S, b):
             g = kv + b
@@ -135,7 +136,6 @@ def producer_program(tiles, SK, SV, kQ):
             if b < n:
                 load("K", SK, b)
             load("V", SV, b - 1)
-        kv += n
     return ops
 
 
