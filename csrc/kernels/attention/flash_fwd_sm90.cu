@@ -84,7 +84,11 @@ struct Sm90FwdConfig {
   // Whether head dims under kHeadDim run here (the epilogue then stops at O's own columns). The
   // 80-key D = 256 kernel takes D = 256 alone: that check cost it 2-3 % (A/B at fd01ad4).
   static constexpr bool kNarrowHeadDims = kBlockN != 80;
-  static constexpr int kStages = 2;
+  // K and V stages: four each at D = 64, where shared memory is to spare (a stage is refilled only
+  // once the slowest consumer warpgroup has released it, so more stages give a load more time to
+  // land when the warpgroups drift apart); two elsewhere. Three at D = 128, with one Q buffer and
+  // no O tile, cost 5-10 % at S <= 1K and gained nothing at 8K (H100 A/B at 47f8242).
+  static constexpr int kStages = kHeadDim == 64 ? 4 : 2;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
@@ -125,6 +129,18 @@ __device__ __forceinline__ void pv_step(float (&acc_o)[kHeadDim / 2], const uint
       flashext::sm90::wgmma_m64n128k16_rs<T, 1>(*reinterpret_cast<float(*)[64]>(&acc_o[64 * h]), a,
                                                 desc_v + 2 * h * slab_step, 1);
     }
+  }
+}
+
+// The max of row r's scores in S's accumulator layout (elements 4 i + 2 r and 4 i + 2 r + 1, i in
+// [kLo, kLo + kN)) as a tree of depth log2(2 kN) rather than a chain of 2 kN dependent FMNMX: the
+// max is the head of the softmax's serial path (its exponentials wait for it).
+template <int kLo, int kN, int kCount>
+__device__ __forceinline__ float row_max_tree(const float (&s)[kCount], int r) {
+  if constexpr (kN == 1) {
+    return fmaxf(s[4 * kLo + 2 * r], s[4 * kLo + 2 * r + 1]);
+  } else {
+    return fmaxf(row_max_tree<kLo, kN / 2>(s, r), row_max_tree<kLo + kN / 2, kN - kN / 2>(s, r));
   }
 }
 
@@ -287,9 +303,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   // S = Q Kᵀ of the stage's K over the block's keys (rows of every slab), issued and committed; a
   // head-dim k16 step kk is slab kk / 4, 32 bytes × (kk % 4) in (descriptor units of 16 bytes).
-  const auto issue_s = [&](int stage) {
-    const uint64_t desc_k0 =
-        sm90::smem_descriptor(reinterpret_cast<const unsigned char*>(smem_k) + stage * kTileBytesKV, 16, 1024);
+  // (a stage's tile is kTileBytesKV on: its descriptor's address field, in 16-byte units, that
+  // much further than stage 0's; shared addresses stay under the field's 256 KiB)
+  const auto issue_s = [&](uint32_t stage) {
+    const uint64_t desc_k0 = sm90::smem_descriptor(smem_k, 16, 1024) + uint64_t(stage * (kTileBytesKV >> 4));
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -302,9 +319,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // O += P V of the stage's V: key k16 step kk is n8 tiles 2 kk and 2 kk + 1 of P (the A fragment:
   // rows r, r + 8 × keys 0-7, 8-15); V is MN-major, dims 64 h + [0, 64) in slab h (the
   // descriptor's leading offset: a slab), a k16 step 16 keys × 128 bytes in. Issued, committed.
-  const auto issue_pv = [&](int stage) {
-    const uint64_t desc_v0 = sm90::smem_descriptor(
-        reinterpret_cast<const unsigned char*>(smem_v) + stage * kTileBytesKV, Config::kSlabBytesKV, 1024);
+  const auto issue_pv = [&](uint32_t stage) {
+    const uint64_t desc_v0 =
+        sm90::smem_descriptor(smem_v, Config::kSlabBytesKV, 1024) + uint64_t(stage * (kTileBytesKV >> 4));
     sm90::fence_operands(acc_o);
 #pragma unroll
     for (int i = 0; i < kBlockN / 8; ++i) sm90::fence_operands(p16[i]);
@@ -321,14 +338,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // are one lane quad): the new max, alpha, the exponentials in place in S and the row sums (of
   // fp32 P, as the D = 256 FA2 kernel sums them). It writes only S, so it may run while the
   // previous block's P V is in flight.
-  const auto softmax = [&](int n_start) {
+  const auto softmax = [&](int n_start, bool full_block) {
     if (softcap_on) {  // (a uniform branch around the loop, not one per score)
 #pragma unroll
       for (int e = 0; e < kBlockN / 2; ++e) s[e] = p.softcap * tanhf(s[e] * cap_scale);
     }
-    const bool full_block = n_start + kBlockN <= x.seqlen_k &&
-                            (p.window_right < 0 || n_start + kBlockN - 1 <= x.m_start + x.diag + p.window_right) &&
-                            (p.window_left < 0 || n_start >= x.m_last + x.diag - p.window_left);
     if (!full_block) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -346,9 +360,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) tile_max = fmaxf(tile_max, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+      float tile_max = row_max_tree<0, kBlockN / 8>(s, r);
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[r], tile_max);
@@ -404,19 +416,31 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // warpgroup computes exponentials. P is rewritten only once its P V has retired. Stages and
   // phases count this CTA's Q loads and K / V blocks over its tiles, as the producer counts them.
   const bool store_o = Config::kTileBytesO > 0 && maps.store_o;  // (the epilogue below)
-  int q_uses = 0, kv_uses = 0;
+  uint32_t q_uses = 0, kv_uses = 0;
   for (int t = blockIdx.x; t < walk.loop_tiles; t += walk.grid) {
     x = tile_at(t);
     if (!x.rows) continue;  // the whole block past this sequence
+    // The tile's blocks that need no mask: it in [full_lo, full_hi), where block it (keys n_lo +
+    // it · kBlockN on) ends within the keys (n + kBlockN ≤ seqlen_k) and within every row's window
+    // (n + kBlockN − 1 ≤ m_start + diag + right; n ≥ m_last + diag − left): bounds linear in it.
+    int upper = x.seqlen_k - kBlockN - x.n_lo;
+    if (p.window_right >= 0) upper = min(upper, x.m_start + x.diag + p.window_right + 1 - kBlockN - x.n_lo);
+    const int full_hi = upper < 0 ? 0 : upper / kBlockN + 1;
+    const int lower = p.window_left < 0 ? 0 : x.m_last + x.diag - p.window_left - x.n_lo;
+    const int full_lo = lower <= 0 ? 0 : (lower + kBlockN - 1) / kBlockN;
 #pragma unroll
     for (int e = 0; e < kHeadDim / 2; ++e) acc_o[e] = 0.0f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
     const int n_lo = x.n_lo, num_n_blocks = x.num_n_blocks;
     if (num_n_blocks > 0) {
-      const int qs = q_uses % kQStages;
+      const uint32_t qs = q_uses % kQStages;
       desc_q0 = sm90::smem_descriptor(reinterpret_cast<unsigned char*>(smem_q) + qs * kTileBytesQ + 64 * 128 * c, 16,
                                       1024);
+      // (as lane 0's: the compiler then knows it is the same in every lane and keeps it in uniform
+      // registers, instead of moving it there for every wgmma of every block)
+      desc_q0 = (uint64_t(__shfl_sync(0xffffffffu, uint32_t(desc_q0 >> 32), 0)) << 32) |
+                __shfl_sync(0xffffffffu, uint32_t(desc_q0), 0);
       sm90::mbarrier_wait(&q_full[qs], (q_uses / kQStages) & 1);
       sm90::mbarrier_wait(&k_full[kv_uses % kStages], (kv_uses / kStages) & 1);
       issue_s(kv_uses % kStages);
@@ -424,20 +448,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       sm90::fence_operands(s);
       release(k_empty, kv_uses % kStages);
       if (num_n_blocks == 1) release(q_empty, qs);  // Q's last read: the next tile's may land
-      softmax(n_lo);
+      softmax(n_lo, full_lo <= 0 && 0 < full_hi);
       round_p();  // (O is 0: nothing to rescale)
       for (int it = 1; it < num_n_blocks; ++it) {
-        const int g = kv_uses + it, stage = g % kStages, prev = (g - 1) % kStages;
+        const uint32_t g = kv_uses + it, stage = g % kStages, prev = (g - 1) % kStages;
         sm90::mbarrier_wait(&k_full[stage], (g / kStages) & 1);
-        sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);  // (loaded after block it's K)
-        guard_v(prev, it - 1);
         issue_s(stage);
-        issue_pv(prev);
+        // V of block it − 1 (loaded after block it's K), waited for while S is issued
+        sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
+        issue_pv(prev);  // (no guard_v: only the tile's last block reaches past the keys)
         sm90::wgmma_wait<1>();  // S is in (groups complete in order); P V still runs
         sm90::fence_operands(s);
         release(k_empty, stage);  // the producer may load block it + kStages's K now
         if (it == num_n_blocks - 1) release(q_empty, qs);
-        softmax(n_lo + it * kBlockN);
+        softmax(n_lo + it * kBlockN, it >= full_lo && it < full_hi);
         pin_wait();
         sm90::wgmma_wait<0>();
         sm90::fence_operands(acc_o);
@@ -447,7 +471,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         round_p();
         rescale_o();
       }
-      const int g_last = kv_uses + num_n_blocks - 1, last = g_last % kStages;
+      const uint32_t g_last = kv_uses + num_n_blocks - 1, last = g_last % kStages;
       sm90::mbarrier_wait(&v_full[last], (g_last / kStages) & 1);
       guard_v(last, num_n_blocks - 1);
       issue_pv(last);
