@@ -89,6 +89,10 @@ struct Sm90FwdConfig {
   // land when the warpgroups drift apart); two elsewhere. Three at D = 128, with one Q buffer and
   // no O tile, cost 5-10 % at S <= 1K and gained nothing at 8K (H100 A/B at 47f8242).
   static constexpr int kStages = kHeadDim == 64 ? 4 : 2;
+  // Whether a block's wait for the previous block's V comes before its S is issued (D = 256) or
+  // while S runs (D <= 128). H100 A/B at 10ded41 of V first: D = 256 +0-6 % (causal S >= 2K
+  // +4-6 %), D = 128 -3 to -4 % non-causal.
+  static constexpr bool kWaitVBeforeS = kHeadDim == 256;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
@@ -453,9 +457,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       for (int it = 1; it < num_n_blocks; ++it) {
         const uint32_t g = kv_uses + it, stage = g % kStages, prev = (g - 1) % kStages;
         sm90::mbarrier_wait(&k_full[stage], (g / kStages) & 1);
+        // V of block it − 1 (loaded after block it's K): waited for while S is issued, or before
+        // (Config::kWaitVBeforeS)
+        if constexpr (Config::kWaitVBeforeS) sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
         issue_s(stage);
-        // V of block it − 1 (loaded after block it's K), waited for while S is issued
-        sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
+        if constexpr (!Config::kWaitVBeforeS) sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
         issue_pv(prev);  // (no guard_v: only the tile's last block reaches past the keys)
         sm90::wgmma_wait<1>();  // S is in (groups complete in order); P V still runs
         sm90::fence_operands(s);
