@@ -8,7 +8,8 @@ release) and C consumer warpgroups of 4 warps: per-warp full-barrier waits, a wg
 once all 4 warps issued it, commit groups retiring in order, releases by warp 0 of the warpgroup,
 TMA landing at random times, sometimes one warp lagging. Per configuration (K and V stage counts,
 Q buffers, consumer warpgroups; the key loop as at e60821c ("head"), with V's wait after S's issue
-("serial", sm90_fwd_loop_serial.patch), and with the deep pipeline of sm90_fwd_deep.patch) it runs
+("serial": the kernel since e2b1bd9 at D <= 128), and with the deep pipeline of the rejected
+sm90_fwd_deep.patch, in the tree at 10ded41) it runs
 tiles of 1-5 blocks and random runs of tiles, and reports deadlocks, a wgmma reading a buffer that
 does not (yet) hold the use it expects, a load overwriting a buffer a running wgmma reads, and a
 release before its readers retired or a barrier left with partial arrivals. As a check of the
