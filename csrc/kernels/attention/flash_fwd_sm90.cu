@@ -7,7 +7,7 @@
 // and v's columns past their head dim as zeros, and the epilogue stores only O's own), dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
 // 192 rows at D = 64 unless a causal or windowed call's rows see under 4K keys, else 128, head,
 // sequence): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1, 2 (and 3)
-// consume 64 query rows each. Q and two stages of K and V live in shared memory as 64-column slabs
+// consume 64 query rows each. Q and two stages of K and V (four at D = 64) live in shared memory as 64-column slabs
 // with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
 // S = Q Kᵀ (wgmma SS, m64nN with N the block's keys), the online softmax in registers, O += P V
 // (wgmma RS: P from registers, V read MN-major as stored; n64 or n128 per instruction), then
@@ -24,9 +24,9 @@
 // part of an O tile (stmatrix) and one of its threads stores them by TMA, so the warpgroup goes on
 // to its next tile while the copy engine writes (the other calls write O from registers).
 //
-//   D     query × key block   shared memory (Q buffers + 2 × (K + V) + O)   registers per consumer thread
-//   64    192 × 128           2 · 24 + 2 · (16 + 16) + 24 = 136 KiB       S 64, O 32, P 32 (of 160)
-//         128 × 128 masked    2 · 16 + 2 · (16 + 16) + 16 = 112 KiB       S 64, O 32, P 32 (of 240)
+//   D     query × key block   shared memory (Q buffers + stages × (K + V) + O)   registers per consumer thread
+//   64    192 × 128           2 · 24 + 4 · (16 + 16) + 24 = 200 KiB       S 64, O 32, P 32 (of 160)
+//         128 × 128 masked    2 · 16 + 4 · (16 + 16) + 16 = 176 KiB       S 64, O 32, P 32 (of 240)
 //   128   128 × 128           2 · 32 + 2 · (32 + 32) + 32 = 224 KiB       S 64, O 64, P 32
 //   256   128 × 64            64 + 2 · (32 + 32) = 192 KiB                S 32, O 128, P 16
 //         128 × 80 unmasked   64 + 2 · (40 + 40) = 224 KiB                S 40, O 128, P 20
