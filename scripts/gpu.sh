@@ -307,8 +307,8 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
   echo "ab: variants built at ${SECONDS} s"
   if [ -n "${FLASHEXT_AB_TESTS:-}" ]; then  # each variant's own tests first: a faster wrong kernel is no result
     # The variants' tests run at once, except those marked large (past 2^31 elements: about 25 GB
-    # each, which four at once would not find on an 80 GB card): those run after, one variant at a
-    # time (pytest's exit 5, nothing collected, is a pass there).
+    # each, which four at once would not find on an 80 GB card): each variant's large ones run once
+    # its others are done, one variant at a time (pytest's exit 5, nothing collected, is a pass).
     for i in "${!patches[@]}"; do
       local name=${letters[$i]}
       [ -n "${pid[$name]}" ] || continue
@@ -320,7 +320,8 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
       local name=${letters[$i]} rc=0
       [ -n "${pid[$name]}" ] || continue
       echo "ab: variant $name (${patches[$i]}) tests:"
-      wait "${pid[$name]}" && tail -1 "$OUT/ab_tests_$name.log" || rc=1
+      wait "${pid[$name]}" || [ $? = 5 ] || rc=1
+      [ $rc = 0 ] && tail -1 "$OUT/ab_tests_$name.log"
       if [ $rc = 0 ]; then
         (cd "/tmp/flashext_ab_$name" && timeout -k 10 "${FLASHEXT_PYTEST_TIMEOUT:-300}" $PY -m pytest -q -p no:cacheprovider \
           -x -m large $FLASHEXT_AB_TESTS >>"$OUT/ab_tests_$name.log" 2>&1) || [ $? = 5 ] || rc=1

@@ -16,11 +16,12 @@
 // tiles of equal work together (query blocks m and num_m − 1 − m), where the producer loads the
 // next tile's Q (a second buffer where it fits) and first K / V during this tile's last blocks and
 // epilogue; one tile per CTA for windowed and varlen calls (tiles of unequal work, which the
-// hardware's block scheduler balances). K and V have full barriers of their own (one arrival plus the tile's bytes),
-// so S starts while V still lands. K and V have empty barriers of their own too (one arrival per
-// consumer warpgroup): a K stage is free once its S has retired, a V stage once its P V has, and the
-// producer loads V one block behind K, so the next K never waits behind a V release. At D ≤ 128
-// a dense call's O leaves through shared memory: each consumer warpgroup writes its 64 rows to its
+// hardware's block scheduler balances). K and V have full barriers of their own (one arrival plus
+// the tile's bytes), so S starts while V still lands (at D ≤ 128; D = 256 waits for V first,
+// kWaitVBeforeS). K and V have empty barriers of their own too (one arrival per consumer
+// warpgroup): a K stage is free once its S has retired, a V stage once its P V has, and the
+// producer loads V one block behind K, so the next K never waits behind a V release. At D ≤ 128 a
+// dense call's O leaves through shared memory: each consumer warpgroup writes its 64 rows to its
 // part of an O tile (stmatrix) and one of its threads stores them by TMA, so the warpgroup goes on
 // to its next tile while the copy engine writes (the other calls write O from registers).
 //
