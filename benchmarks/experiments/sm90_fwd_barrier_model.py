@@ -9,7 +9,10 @@ once all 4 warps issued it, commit groups retiring in order, releases by warp 0 
 TMA landing at random times, sometimes one warp lagging. Per configuration (K and V stage counts,
 Q buffers, consumer warpgroups; the key loop as at e60821c ("head"), with V's wait after S's issue
 ("serial": the kernel since e2b1bd9 at D <= 128), and with the deep pipeline of the rejected
-sm90_fwd_deep.patch, in the tree at 10ded41) it runs
+sm90_fwd_deep.patch, in the tree at 10ded41), with V's wait before S's issue ("v_first": D = 256
+since 8771a42), and with the two consumer warpgroups' ping-pong turns on named barriers 1 and 2
+(sm90_fwd_pingpong.patch; the varlen guard's barrier 3 of all consumer warps before the last
+P V modelled too) it runs
 tiles of 1-5 blocks and random runs of tiles, and reports deadlocks, a wgmma reading a buffer that
 does not (yet) hold the use it expects, a load overwriting a buffer a running wgmma reads, and a
 release before its readers retired or a barrier left with partial arrivals. As a check of the
@@ -52,9 +55,16 @@ def tile_uses(tiles):
             kv += n
 
 
-def consumer_program(tiles, SK, SV, kQ, deep_on, variant):
-    """Ops for one warp (the same for every warp; warp 0 also does the releases)."""
+def consumer_program(tiles, SK, SV, kQ, deep_on, variant, pingpong=False, c=0):
+    """Ops for one warp of consumer warpgroup c (the same for every warp; warp 0 also does the
+    releases). With pingpong, warpgroup c syncs on named barrier 1 + c before a turn's GEMMs and
+    arrives on the other's after; warpgroup 1 arrives once first, warpgroup 0 syncs once last."""
     ops = []
+    mine, yours = ("nb", 1 + c), ("nb", 2 - c)
+    turn = lambda: ops.extend([("nb_arrive", mine[1]), ("nb_wait", mine[1])]) if pingpong else None
+    hand = lambda: ops.append(("nb_arrive", yours[1])) if pingpong else None
+    if pingpong and c == 1:
+        ops.append(("nb_arrive", 1))
     for n, q_uses, kv in tile_uses(tiles):
         qs = q_uses % kQ
         Q = ("Q", qs, q_uses)
@@ -96,16 +106,17 @@ def consumer_program(tiles, SK, SV, kQ, deep_on, variant):
                     if it + 1 == n - 1:
                         R(Q)
         else:
-            W(K(0)); I([Q, K(0)], "S0")
+            W(K(0)); turn(); I([Q, K(0)], "S0"); hand()
             G(0)
             R(K(0))
             if n == 1:
                 R(Q)
             for it in range(1, n):
-                if variant == "head":
-                    W(K(it)); W(V(it - 1)); I([Q, K(it)], "S%d" % it); I([V(it - 1)], "PV%d" % (it - 1))
+                if variant in ("head", "v_first"):
+                    W(K(it)); W(V(it - 1)); turn(); I([Q, K(it)], "S%d" % it); I([V(it - 1)], "PV%d" % (it - 1))
                 else:  # loop_serial: V's wait after S's issue
-                    W(K(it)); I([Q, K(it)], "S%d" % it); W(V(it - 1)); I([V(it - 1)], "PV%d" % (it - 1))
+                    W(K(it)); turn(); I([Q, K(it)], "S%d" % it); W(V(it - 1)); I([V(it - 1)], "PV%d" % (it - 1))
+                hand()
                 G(1)
                 R(K(it))
                 if it == n - 1:
@@ -113,7 +124,11 @@ def consumer_program(tiles, SK, SV, kQ, deep_on, variant):
                 G(0)
                 R(V(it - 1))
         W(V(n - 1))
-        I([V(n - 1)], "PV%d" % (n - 1)); G(0); R(V(n - 1))
+        if pingpong:  # the varlen guard's barrier of every consumer warp (a superset: dense calls skip it)
+            ops.extend([("nb_arrive", 3), ("nb_wait", 3)])
+        turn(); I([V(n - 1)], "PV%d" % (n - 1)); hand(); G(0); R(V(n - 1))
+    if pingpong and c == 0:
+        ops.extend([("nb_arrive", 1), ("nb_wait", 1)])
     return ops
 
 
@@ -140,7 +155,10 @@ def producer_program(tiles, SK, SV, kQ):
     return ops
 
 
-def run(tiles, SK, SV, kQ, C, deep_on, variant, rng, max_steps=200000):
+def run(tiles, SK, SV, kQ, C, deep_on, variant, rng, max_steps=200000, pingpong=False):
+    # named barriers, counted in warps: 1 and 2 the ping-pong's (both warpgroups), 3 all consumers
+    named = {i: {"count": 8 if i < 3 else 4 * C, "arrived": 0, "gen": 0} for i in (1, 2, 3)}
+    arrived_gen = {}  # (c, w, id) -> the barrier's generation when that warp last arrived
     full = {}
     empty = {}
     for kind, S in (("Q", kQ), ("K", SK), ("V", SV)):
@@ -149,7 +167,7 @@ def run(tiles, SK, SV, kQ, C, deep_on, variant, rng, max_steps=200000):
             empty[(kind, s)] = Bar(C)
     content = {}  # buffer -> (use, landed)
     prod = producer_program(tiles, SK, SV, kQ)
-    cons_wg = [consumer_program(tiles, SK, SV, kQ, deep_on, "bare_wait_release" if (variant == "bare_wait_release" and c == C - 1) else variant) for c in range(C)]
+    cons_wg = [consumer_program(tiles, SK, SV, kQ, deep_on, "bare_wait_release" if (variant == "bare_wait_release" and c == C - 1) else variant, pingpong, c) for c in range(C)]
     pc_p = 0
     pending_tma = []  # (buffer, use)
     pc = [[0] * 4 for _ in range(C)]
@@ -198,6 +216,9 @@ def run(tiles, SK, SV, kQ, C, deep_on, variant, rng, max_steps=200000):
                 elif op[0] == "waitg":
                     if issued[c][w] - retired[c] <= op[1]:
                         cands.append(("w", c, w))
+                elif op[0] == "nb_wait":
+                    if named[op[1]]["gen"] > arrived_gen[(c, w, op[1])]:
+                        cands.append(("w", c, w))
                 else:
                     cands.append(("w", c, w))
         if not cands:
@@ -207,6 +228,9 @@ def run(tiles, SK, SV, kQ, C, deep_on, variant, rng, max_steps=200000):
                 for key, b in empty.items():
                     if b.pending != b.count:
                         raise Fail("empty barrier %s left with partial arrivals" % (key,))
+                for i, b in named.items():
+                    if b["arrived"]:
+                        raise Fail("named barrier %d left with %d warps arrived" % (i, b["arrived"]))
                 return steps
             state = {"producer": prod[pc_p] if pc_p < len(prod) else None,
                      "consumers": [[cons_wg[c][pc[c][w]] if pc[c][w] < len(cons_wg[c]) else None for w in range(4)] for c in range(C)]}
@@ -239,7 +263,14 @@ def run(tiles, SK, SV, kQ, C, deep_on, variant, rng, max_steps=200000):
             _, c, w = a
             op = cons_wg[c][pc[c][w]]
             pc[c][w] += 1
-            if op[0] == "issue":
+            if op[0] == "nb_arrive":
+                b = named[op[1]]
+                arrived_gen[(c, w, op[1])] = b["gen"]
+                b["arrived"] += 1
+                if b["arrived"] == b["count"]:
+                    b["gen"] += 1
+                    b["arrived"] = 0
+            elif op[0] == "issue":
                 gi = issued[c][w]
                 issued[c][w] += 1
                 while len(groups[c]) <= gi:
@@ -269,22 +300,25 @@ def main():
     results = {}
     configs = []
     for deep_on in (True, False):
-        for variant in ("serial", "head"):
-            if deep_on and variant == "head":
+        for variant in ("serial", "head", "v_first"):
+            if deep_on and variant != "serial":
                 continue
             for SK, SV in ((2, 2), (4, 4), (2, 3), (3, 3), (3, 2)):
                 for kQ in (1, 2):
                     for C in (2, 3):
-                        configs.append((deep_on, variant, SK, SV, kQ, C))
+                        for pingpong in (False, True):
+                            if pingpong and (deep_on or C != 2 or variant == "head"):
+                                continue
+                            configs.append((deep_on, variant, SK, SV, kQ, C, pingpong))
     for cfg in configs:
-        deep_on, variant, SK, SV, kQ, C = cfg
+        deep_on, variant, SK, SV, kQ, C, pingpong = cfg
         fails = 0
         runs = 0
         for n in (1, 2, 3, 4, 5):
             for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 40):
                 runs += 1
                 try:
-                    run([n] * 3, SK, SV, kQ, C, deep_on, variant, rng)
+                    run([n] * 3, SK, SV, kQ, C, deep_on, variant, rng, pingpong=pingpong)
                 except Fail as e:
                     fails += 1
                     if fails <= 2:
@@ -293,7 +327,7 @@ def main():
             tiles = [rng.choice([0, 1, 1, 2, 2, 3, 4, 5, 6, 7]) for _ in range(rng.randint(1, 6))]
             runs += 1
             try:
-                run(tiles, SK, SV, kQ, C, deep_on, variant, rng)
+                run(tiles, SK, SV, kQ, C, deep_on, variant, rng, pingpong=pingpong)
             except Fail as e:
                 fails += 1
                 if fails <= 2:
