@@ -7,8 +7,9 @@
 // and v's columns past their head dim as zeros, and the epilogue stores only O's own), dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
 // 192 rows at D = 64 unless a causal or windowed call's rows see under 4K keys, else 128, head,
 // sequence): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1, 2 (and 3)
-// consume 64 query rows each. Q and two stages of K and V (four at D = 64) live in shared memory as 64-column slabs
-// with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
+// consume 64 query rows each. Q and two stages of K and V (four at D = 64) live in shared memory
+// as 64-column slabs with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key
+// block, each consumer:
 // S = Q Kᵀ (wgmma SS, m64nN with N the block's keys), the online softmax in registers, O += P V
 // (wgmma RS: P from registers, V read MN-major as stored; n64 or n128 per instruction), then
 // releases the stage. A CTA walks tiles (query block, head, sequence), the last query blocks of a
@@ -88,11 +89,11 @@ struct Sm90FwdConfig {
   // K and V stages: four each at D = 64, where shared memory is to spare (a stage is refilled only
   // once the slowest consumer warpgroup has released it, so more stages give a load more time to
   // land when the warpgroups drift apart); two elsewhere. Three at D = 128, with one Q buffer and
-  // no O tile, cost 5-10 % at S <= 1K and gained nothing at 8K (H100 A/B at 47f8242).
+  // no O tile, cost 5-10 % at S ≤ 1K and gained nothing at 8K (H100 A/B at 47f8242).
   static constexpr int kStages = kHeadDim == 64 ? 4 : 2;
   // Whether a block's wait for the previous block's V comes before its S is issued (D = 256) or
-  // while S runs (D <= 128). H100 A/B at 10ded41 of V first: D = 256 +0-6 % (causal S >= 2K
-  // +4-6 %), D = 128 -3 to -4 % non-causal.
+  // while S runs (D ≤ 128). H100 A/B at 10ded41 of V first: D = 256 +0-6 % (causal S ≥ 2K
+  // +4-6 %), D = 128 −3 to −4 % non-causal.
   static constexpr bool kWaitVBeforeS = kHeadDim == 256;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
