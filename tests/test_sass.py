@@ -3,30 +3,12 @@ library): every Hopper forward and backward kernel issues warpgroup MMAs (HGMMA)
 local memory (LDL / STL: register spills). Skips where the build holds no sm_90a code or no
 cuobjdump is found (the CUDA toolkit's, else the one Triton ships)."""
 
-import os
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
+from benchmarks.sass import cuobjdump, functions
 from flashext import _build
-
-
-def cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found is None and os.environ.get("CUDA_HOME"):
-        candidate = Path(os.environ["CUDA_HOME"]) / "bin" / "cuobjdump"
-        found = str(candidate) if candidate.exists() else None
-    if found is None:
-        try:
-            import triton
-        except ImportError:
-            return None
-        candidate = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        found = str(candidate) if candidate.exists() else None
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -40,24 +22,8 @@ def sass() -> dict[str, list[str]]:
     tool = cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump (CUDA toolkit or Triton) to read the machine code with")
-    text = subprocess.run([tool, "-sass", _build._C.__file__], capture_output=True, text=True, check=True).stdout
-    functions: dict[str, list[str]] = {}
-    current, arch = None, None
-    for line in text.splitlines():
-        header = re.match(r"\s*arch = (\S+)", line)
-        if header:
-            arch, current = header.group(1), None
-            continue
-        name = re.search(r"Function : (\S+)", line)
-        if name:
-            current = name.group(1) if arch == "sm_90a" else None
-            if current is not None:
-                functions[current] = []
-            continue
-        instruction = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
-        if instruction and current is not None:
-            functions[current].append(instruction.group(1))
-    return functions
+    return {name: [instruction for _, instruction in code]
+            for name, code in functions(_build._C.__file__, tool, arch="sm_90a").items()}
 
 
 def test_hopper_kernels_use_wgmma_and_no_local_memory(sass):

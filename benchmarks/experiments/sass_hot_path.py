@@ -20,45 +20,21 @@ from the CUDA toolkit, or from Triton's bundled copy when the toolkit has none.
 
 import heapq
 import re
-import shutil
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.sass import cuobjdump, functions  # noqa: E402
+
 FP = ("FADD", "FMUL", "FFMA", "FMNMX", "MUFU", "F2FP")
-
-
-def cuobjdump():
-    found = shutil.which("cuobjdump") or (Path("/usr/local/cuda/bin/cuobjdump").exists() and "/usr/local/cuda/bin/cuobjdump")
-    if found:
-        return found
-    try:
-        import triton
-
-        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if bundled.exists():
-            return str(bundled)
-    except ImportError:
-        pass
-    sys.exit("cuobjdump not found (no CUDA toolkit on PATH, no Triton)")
 
 
 def kernels(cubin, pattern):
     """{name: [(address, instruction)]} of the matching functions."""
-    sass = subprocess.run([cuobjdump(), "-sass", cubin], check=True, capture_output=True, text=True).stdout
-    out, name = {}, None
-    for line in sass.splitlines():
-        if "Function :" in line:
-            name = line.split("Function :")[1].strip()
-            name = name if re.search(pattern, name) else None
-            if name:
-                out[name] = []
-            continue
-        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
-        if m and name:
-            out[name].append((int(m.group(1), 16), m.group(2)))
-    return out
+    tool = cuobjdump() or sys.exit("cuobjdump not found (no CUDA toolkit on PATH, no Triton)")
+    return {name: code for name, code in functions(cubin, tool).items() if re.search(pattern, name)}
 
 
 def target(instruction):
