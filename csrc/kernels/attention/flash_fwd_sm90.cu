@@ -95,6 +95,11 @@ struct Sm90FwdConfig {
   // while S runs (D ≤ 128). H100 A/B at 10ded41 of V first: D = 256 +0-6 % (causal S ≥ 2K
   // +4-6 %), D = 128 −3 to −4 % non-causal.
   static constexpr bool kWaitVBeforeS = kHeadDim == 256;
+  // The two consumer warpgroups take turns issuing their GEMMs (FlashAttention-3's ping-pong):
+  // at D = 128, where a block's GEMMs take about as long as the other warpgroup's softmax. H100
+  // A/B at 4e6e00f: causal S = 512-2K +1-4 %, full flat. On D = 64's 128-row blocks it cost
+  // 1-3 % at causal 1K-2K (the exponentials there cost as much as the GEMMs), so not there.
+  static constexpr bool kPingPong = kHeadDim_ == 128 && kBlockM_ == 128;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
@@ -422,6 +427,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // warpgroup computes exponentials. P is rewritten only once its P V has retired. Stages and
   // phases count this CTA's Q loads and K / V blocks over its tiles, as the producer counts them.
   const bool store_o = Config::kTileBytesO > 0 && maps.store_o;  // (the epilogue below)
+  // Ping-pong: warpgroup c issues its GEMMs once named barrier 1 + c has seen it and the other
+  // warpgroup's arrival (the other's GEMMs of that turn are issued), then hands the turn over.
+  // Both issue the same number of times (a tile's first S, its blocks, its last P V), warpgroup 0
+  // first: warpgroup 1 arrives once at the start, and warpgroup 0 takes that extra arrival back
+  // at the end, so no barrier is left half-arrived.
+  const auto my_turn = [&] {
+    if constexpr (Config::kPingPong) sm90::named_barrier_sync(1 + c, 256);
+  };
+  const auto your_turn = [&] {
+    if constexpr (Config::kPingPong) sm90::named_barrier_arrive(2 - c, 256);
+  };
+  if constexpr (Config::kPingPong) {
+    if (c == 1) sm90::named_barrier_arrive(1, 256);
+  }
   uint32_t q_uses = 0, kv_uses = 0;
   for (int t = blockIdx.x; t < walk.loop_tiles; t += walk.grid) {
     x = tile_at(t);
@@ -449,7 +468,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                 __shfl_sync(0xffffffffu, uint32_t(desc_q0), 0);
       sm90::mbarrier_wait(&q_full[qs], (q_uses / kQStages) & 1);
       sm90::mbarrier_wait(&k_full[kv_uses % kStages], (kv_uses / kStages) & 1);
+      my_turn();
       issue_s(kv_uses % kStages);
+      your_turn();
       sm90::wgmma_wait<0>();
       sm90::fence_operands(s);
       release(k_empty, kv_uses % kStages);
@@ -462,9 +483,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         // V of block it − 1 (loaded after block it's K): waited for while S is issued, or before
         // (Config::kWaitVBeforeS)
         if constexpr (Config::kWaitVBeforeS) sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
+        my_turn();
         issue_s(stage);
         if constexpr (!Config::kWaitVBeforeS) sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
         issue_pv(prev);  // (no guard_v: only the tile's last block reaches past the keys)
+        your_turn();
         sm90::wgmma_wait<1>();  // S is in (groups complete in order); P V still runs
         sm90::fence_operands(s);
         release(k_empty, stage);  // the producer may load block it + kStages's K now
@@ -482,7 +505,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       const uint32_t g_last = kv_uses + num_n_blocks - 1, last = g_last % kStages;
       sm90::mbarrier_wait(&v_full[last], (g_last / kStages) & 1);
       guard_v(last, num_n_blocks - 1);
+      my_turn();
       issue_pv(last);
+      your_turn();
       sm90::wgmma_wait<0>();
       sm90::fence_operands(acc_o);
       release(v_empty, last);
@@ -541,6 +566,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
       }
     }
+  }
+  if constexpr (Config::kPingPong) {
+    if (c == 0) sm90::named_barrier_sync(1, 256);  // (warpgroup 1's last hand-over)
   }
   // The last stores have read shared memory before the block exits.
   if (store_o && threadIdx.x % 128 == 0) sm90::bulk_wait_group_read<0>();
