@@ -5,6 +5,7 @@ its median over the runs; then the worst and median of those medians over the ba
 (attention: D = 64 and 128, S >= 1024, both dtypes, causal and not; decode: every point).
 
     python benchmarks/attention_runs.py OUT.json RUN.json RUN.json RUN.json [--anchor sdpa_cudnn] [--section train]
+                                        [--head-dims 64,128,256]
 
 Runs of different commits may be gathered (the bar is judged on the code each ran); each run's
 commit and date are kept in the output.
@@ -77,8 +78,10 @@ def main() -> None:
     parser.add_argument("runs", type=Path, nargs="+")
     parser.add_argument("--anchor", default="sdpa_cudnn")
     parser.add_argument("--section", choices=sorted(METRICS), help="default: the one section the runs hold")
+    parser.add_argument("--head-dims", default="64,128", help="the bar's head dims (issue 18's forward: 64,128,256)")
     args = parser.parse_args()
-    result = gather([json.loads(path.read_text()) for path in args.runs], args.anchor, args.section)
+    head_dims = tuple(int(d) for d in args.head_dims.split(","))
+    result = gather([json.loads(path.read_text()) for path in args.runs], args.anchor, args.section, head_dims)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for metric, bar in result["bar"].items():
         where = "" if result["section"] == "decode" else f" (D {bar['head_dims']}, S >= {bar['min_seqlen']})"
