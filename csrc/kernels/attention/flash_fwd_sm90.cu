@@ -35,9 +35,10 @@
 // FLOPs per key block and consumer warpgroup: 4 · 64 · N · D (S and P V), 4 MFLOP at D = 128.
 // At D = 64 a warpgroup's exponentials (8K per block) take about as long as its two GEMMs, so a
 // third consumer warpgroup keeps the tensor cores fed while the other two exponentiate (as
-// FlashAttention-3 does there); at D = 128 and 256 the GEMMs dominate and two suffice. Causal and
-// windowed calls at D = 64 whose rows see under 4K keys take 128-row blocks on two (a third less
-// masked work on the diagonal blocks).
+// FlashAttention-3 does there); at D = 128 and 256 the GEMMs dominate and two suffice, and at
+// D = 128 they take turns issuing them (kPingPong: one's softmax runs under the other's GEMMs).
+// Causal and windowed calls at D = 64 whose rows see under 4K keys take 128-row blocks on two (a
+// third less masked work on the diagonal blocks).
 //
 // Varlen: the TMA maps span the packed rows (batch dim 1) and a sequence's tiles start at its
 // first row, so a tile's rows past the sequence belong to the next one (or are zero past the
