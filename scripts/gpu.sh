@@ -20,7 +20,9 @@
 #             A B ... A B ... (narrow it with FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to
 #             $OUT/{a1,b1,...,a2,b2,...}.json, for benchmarks/compare_ab.py; FLASHEXT_AB_BENCH=decode
 #             runs bench_decode --only ${BENCH_AB_SECTION:-decode} instead (compared against sdpa_cudnn);
-#             each run ends after FLASHEXT_AB_RUN_TIMEOUT seconds (default 300: a variant that hangs)
+#             each run ends after FLASHEXT_AB_RUN_TIMEOUT seconds (default 300: a variant that hangs);
+#             FLASHEXT_AB_DEADLINE=SECONDS (counted from the step's start): no run starts after it, and
+#             the runs done so far are still compared (a call's time limit then cuts no summary)
 #   context_parallel  two GPUs or more (the nvidia-h200-x2 kind): tests/test_distributed.py (the ring
 #             under NCCL), benchmarks/bench_context_parallel.py and the train_gpt_cp example
 #   pytest_each  pytest once per test file, each in its own process (a fault in one file cannot
@@ -251,6 +253,7 @@ train_gpt() {  # the training example, eager and compiled, TRAIN_GPT_RUNS times 
 ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH (space-separated)
   [ -n "${FLASHEXT_AB_FLAGS:-}${FLASHEXT_AB_PATCH:-}" ] ||
     { echo "ab: set FLASHEXT_AB_FLAGS (variant B's nvcc flags) or FLASHEXT_AB_PATCH (patches, one per variant)"; return 2; }
+  local ab_start=$SECONDS deadline=${FLASHEXT_AB_DEADLINE:-0}
   build >/dev/null || return 1
   local patches=(${FLASHEXT_AB_PATCH:-}) names=(a) dirs=("$ROOT") letters=(b c d e f) i
   [ ${#patches[@]} -eq 0 ] && patches=("")  # flags alone: one variant
@@ -344,6 +347,10 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
   for round in 1 2; do
     for i in "${!names[@]}"; do
       local run=${names[$i]}$round
+      if [ "$deadline" -gt 0 ] && [ $((SECONDS - ab_start)) -ge "$deadline" ]; then
+        echo "ab: run $run left out (FLASHEXT_AB_DEADLINE, $deadline s, has passed)"
+        continue
+      fi
       echo "ab: run $run (at ${SECONDS} s)"
       rm -rf /tmp/flashext_ab_out_$run
       (cd "${dirs[$i]}" && OUT=/tmp/flashext_ab_out_$run timeout -k 10 "${FLASHEXT_AB_RUN_TIMEOUT:-300}" \
@@ -356,6 +363,7 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
   for i in "${!names[@]}"; do
     [ "$i" = 0 ] && continue
     for round in 1 2; do
+      [ -f "$OUT/a$round.json" ] && [ -f "$OUT/${names[$i]}$round.json" ] || continue
       echo "ab: a$round vs ${names[$i]}$round"
       $PY benchmarks/compare_ab.py "$OUT/a$round.json" "$OUT/${names[$i]}$round.json" "${compare[@]}" | tail -2
     done
