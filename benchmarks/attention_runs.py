@@ -2,7 +2,8 @@
 benchmarks/bench_decode.py (section decode) into the per-point medians a bar inside run-to-run
 noise is judged on: for every point, flashext's ratio time(anchor) / time(flashext) in each run and
 its median over the runs; then the worst and median of those medians over the bar's points
-(attention: D = 64 and 128, S >= 1024, both dtypes, causal and not; decode: every point).
+(attention: S >= 1024, both dtypes, causal and not, D = 64 and 128 unless --head-dims says
+otherwise; decode: every point).
 
     python benchmarks/attention_runs.py OUT.json RUN.json RUN.json RUN.json [--anchor sdpa_cudnn] [--section train]
                                         [--head-dims 64,128,256]

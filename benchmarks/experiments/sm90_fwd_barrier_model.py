@@ -11,8 +11,8 @@ Q buffers, consumer warpgroups; the key loop as at e60821c ("head"), with V's wa
 ("serial": the kernel since e2b1bd9 at D <= 128), and with the deep pipeline of the rejected
 sm90_fwd_deep.patch, in the tree at 10ded41), with V's wait before S's issue ("v_first": D = 256
 since 8771a42), and with the two consumer warpgroups' ping-pong turns on named barriers 1 and 2
-(sm90_fwd_pingpong.patch; the varlen guard's barrier 3 of all consumer warps before the last
-P V modelled too) it runs
+(kPingPong, D = 128 since 611f595; the varlen guard's barrier 3 of all consumer warps before the
+last P V modelled too) it runs
 tiles of 1-5 blocks and random runs of tiles, and reports deadlocks, a wgmma reading a buffer that
 does not (yet) hold the use it expects, a load overwriting a buffer a running wgmma reads, and a
 release before its readers retired or a barrier left with partial arrivals. As a check of the
