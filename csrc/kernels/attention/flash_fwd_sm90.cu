@@ -100,7 +100,7 @@ struct Sm90FwdConfig {
   // at D = 128, where a block's GEMMs take about as long as the other warpgroup's softmax. H100
   // A/B at 4e6e00f: causal S = 512-2K +1-4 %, full flat. On D = 64's 128-row blocks it cost
   // 1-3 % at causal 1K-2K (the exponentials there cost as much as the GEMMs), so not there.
-  static constexpr bool kPingPong = kHeadDim_ == 128 && kBlockM_ == 128;
+  static constexpr bool kPingPong = kHeadDim == 128 && kBlockM == 128;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
@@ -302,9 +302,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     sm90::fence_proxy_async();
     sm90::named_barrier_sync(3, 128 * Config::kConsumers);
   };
-  // Varlen: block b's V rows past the sequence zeroed once the tile has landed (its last block).
-  const auto guard_v = [&](int stage, int b) {
-    const int n_start = x.n_lo + b * kBlockN;
+  // Varlen: the V rows of the tile's last block (the only one that reaches past the keys) past the
+  // sequence, zeroed once it has landed.
+  const auto guard_last_v = [&](uint32_t stage) {
+    const int n_start = x.n_lo + (x.num_n_blocks - 1) * kBlockN;
     if (varlen && n_start + kBlockN > x.seqlen_k) {
       zero_rows_past(reinterpret_cast<unsigned char*>(smem_v) + stage * kTileBytesKV, x.seqlen_k - n_start);
     }
@@ -487,7 +488,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         my_turn();
         issue_s(stage);
         if constexpr (!Config::kWaitVBeforeS) sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
-        issue_pv(prev);  // (no guard_v: only the tile's last block reaches past the keys)
+        issue_pv(prev);  // (not the tile's last block: no guard_last_v)
         your_turn();
         sm90::wgmma_wait<1>();  // S is in (groups complete in order); P V still runs
         sm90::fence_operands(s);
@@ -505,7 +506,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
       const uint32_t g_last = kv_uses + num_n_blocks - 1, last = g_last % kStages;
       sm90::mbarrier_wait(&v_full[last], (g_last / kStages) & 1);
-      guard_v(last, num_n_blocks - 1);
+      guard_last_v(last);
       my_turn();
       issue_pv(last);
       your_turn();
