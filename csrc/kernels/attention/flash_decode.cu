@@ -426,7 +426,8 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
 }
 
 // o and lse from the splits' partials: lse = log Σ_s e^lse_s, o = Σ_s e^(lse_s − lse) o_s (a split
-// that saw no key has lse −inf, weight 0). A block per (batch, query, head) row; thread t owns
+// that saw no key has lse −inf, weight 0), with online_softmax.h's merge: a split is a row state
+// (max lse_s, sum 1) in natural-log units (scale log2 e). A block per (batch, query, head) row; thread t owns
 // columns 4 (t mod D/4) + [0, 4) of the splits ≡ t div (D/4) modulo the block's groups. Each
 // thread loads its splits' lse and partials in one round (every load in flight at once) and
 // merges them online against its own running max; the groups' (max, sum, o) meet in shared
@@ -475,8 +476,8 @@ __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const Fl
         nan |= isnan(lse[k]);
         if (lse[k] == -INFINITY) continue;  // no key, weight 0 (whatever its partial holds)
         const float m_new = fmaxf(m, lse[k]);
-        const float keep = expf(m - m_new), w = expf(lse[k] - m_new);  // (m = −inf: keep 0)
-        l = l * keep + w;
+        const float keep = rescale_factor(m, m_new, kLog2e), w = rescale_factor(lse[k], m_new, kLog2e);
+        l = l * keep + w;  // (merge_softmax_states of (m, l) and (lse_s, 1); m = −inf: keep 0)
         sum.x = sum.x * keep + w * x[k].x, sum.y = sum.y * keep + w * x[k].y;
         sum.z = sum.z * keep + w * x[k].z, sum.w = sum.w * keep + w * x[k].w;
         m = m_new;
@@ -493,7 +494,7 @@ __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const Fl
   sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (row_max != -INFINITY) {
     for (int h = 0; h < groups; ++h) {
-      const float scale = expf(group_max[h] - row_max);  // (a group that saw no split: 0)
+      const float scale = rescale_factor(group_max[h], row_max, kLog2e);  // (a group that saw no split: 0)
       const float4 x = partial[h * chunks + c];
       total += group_sum[h] * scale;
       sum.x += scale * x.x, sum.y += scale * x.y, sum.z += scale * x.z, sum.w += scale * x.w;
@@ -508,7 +509,7 @@ __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const Fl
   store_pack<T, 4>(o, c, packed);
   if (p.lse != nullptr && threadIdx.x == 0) {
     p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] =
-        nan ? NAN : (total > 0.0f ? row_max + logf(total) : -INFINITY);
+        nan ? NAN : row_lse({row_max * kLog2e, total});
   }
 }
 
