@@ -63,7 +63,10 @@ struct FlashFwdParams {
 
 // The compiled head dim that serves `head_dim` (64, 128 or 256), or 0 when none does
 // (head_dim must be a multiple of 8, at most 256).
-int flash_fwd_kernel_head_dim(int head_dim);
+inline int flash_fwd_kernel_head_dim(int head_dim) {
+  if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 256) return 0;
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
 
 cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
 

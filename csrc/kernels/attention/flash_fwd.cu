@@ -16,11 +16,6 @@ template <int kHeadDim>
 int64_t sparse_plan_ints(const FlashFwdParams& p);
 }  // namespace attention_detail
 
-int flash_fwd_kernel_head_dim(int head_dim) {
-  if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 256) return 0;
-  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
-}
-
 namespace {
 bool fwd_params_ok(const FlashFwdParams& p) {
   return p.batch >= 0 && p.heads > 0 && p.heads_kv > 0 && p.heads % p.heads_kv == 0 && p.seqlen_q >= 0 &&
