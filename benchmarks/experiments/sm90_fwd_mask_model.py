@@ -1,4 +1,5 @@
-"""A model of flash_fwd_sm90.cu's score mask for sm90_fwd_right_mask.patch: for every thread of a
+"""A model of flash_fwd_sm90.cu's score mask for the right-diagonal form that
+sm90_fwd_short_tiles.patch and sm90_fwd_short_tiles_unaligned.patch give it: for every thread of a
 consumer warpgroup pair (row0 = 64 c + 16 warp + lane / 4, quad = lane % 4; score 4 i + 2 r + e is
 row row0 + 8 r, key n_start + 8 i + 2 quad + e), the set of scores the general mask sets to -inf
 (both window bounds and the key count, per row) against the right-diagonal form (one comparison
