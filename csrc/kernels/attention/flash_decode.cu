@@ -426,12 +426,12 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
 }
 
 // o and lse from the splits' partials: lse = log Σ_s e^lse_s, o = Σ_s e^(lse_s − lse) o_s (a split
-// that saw no key has lse −inf, weight 0), with online_softmax.h's merge: a split is a row state
-// (max lse_s, sum 1) in natural-log units (scale log2 e). A block per (batch, query, head) row; thread t owns
-// columns 4 (t mod D/4) + [0, 4) of the splits ≡ t div (D/4) modulo the block's groups. Each
-// thread loads its splits' lse and partials in one round (every load in flight at once) and
-// merges them online against its own running max; the groups' (max, sum, o) meet in shared
-// memory. (Weights first, then the partials, cost two dependent rounds of loads after the split
+// that saw no key has lse −inf, weight 0), with online_softmax.h's rescale: a split is a row state
+// (max lse_s, sum 1) in natural-log units (scale log2 e). A block per (batch, query, head) row;
+// thread t owns columns 4 (t mod D/4) + [0, 4) of the splits ≡ t div (D/4) modulo the block's
+// groups. Each thread loads its splits' lse and partials in one round (every load in flight at
+// once) and merges them online against its own running max; the groups' (max, sum, o) meet in
+// shared memory. (Weights first, then the partials, cost two dependent rounds of loads after the split
 // grid; one thread walking every split in turn, a latency per split: 18 µs for 1 × 32K.)
 constexpr int kCombineThreads = 128;
 
@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const Fl
       }
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
-        nan |= isnan(lse[k]);
+        nan |= isnan(lse[k]);  // (the flag carries a NaN split: rescale_factor's fminf would drop it)
         if (lse[k] == -INFINITY) continue;  // no key, weight 0 (whatever its partial holds)
         const float m_new = fmaxf(m, lse[k]);
         const float keep = rescale_factor(m, m_new, kLog2e), w = rescale_factor(lse[k], m_new, kLog2e);
@@ -507,9 +507,10 @@ __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const Fl
   T* o = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
          int64_t(head) * p.o_head_stride;
   store_pack<T, 4>(o, c, packed);
+  // (the lse in natural log directly: row_lse's round trip through log2 units would cost row_max an ulp)
   if (p.lse != nullptr && threadIdx.x == 0) {
     p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] =
-        nan ? NAN : row_lse({row_max * kLog2e, total});
+        nan ? NAN : (total > 0.0f ? row_max + logf(total) : -INFINITY);
   }
 }
 
