@@ -12,10 +12,13 @@ Q buffers, consumer warpgroups; the key loop as at e60821c ("head"), with V's wa
 sm90_fwd_deep.patch, in the tree at 10ded41), with V's wait before S's issue ("v_first": D = 256
 since 8771a42), and with the two consumer warpgroups' ping-pong turns on named barriers 1 and 2
 (kPingPong, D = 128 since 611f595; the varlen guard's barrier 3 of all consumer warps before the
-last P V modelled too) it runs
+last P V modelled too), and with O written through the last block's stages (sm90_fwd_o_in_stage.patch,
+D = 256: warpgroup 0 keeps K's stage, 1 V's, until its O store has read it; named barriers 6 and 7
+hand the stages over) it runs
 tiles of 1-5 blocks and random runs of tiles, and reports deadlocks, a wgmma reading a buffer that
-does not (yet) hold the use it expects, a load overwriting a buffer a running wgmma reads, and a
-release before its readers retired or a barrier left with partial arrivals. As a check of the
+does not (yet) hold the use it expects, a load overwriting a buffer a running wgmma reads, an O
+write into a stage that a wgmma still reads or a load has refilled, and a release before its
+readers retired or a barrier left with partial arrivals. As a check of the
 model, the known hang (a warpgroup releasing right after a bare wait, with no wgmma between:
 docs/notes/attention.md, "Per-warpgroup key ranges, and a hang") must show up."""
 import random
@@ -55,7 +58,7 @@ def tile_uses(tiles):
             kv += n
 
 
-def consumer_program(tiles, SK, SV, kQ, deep_on, variant, pingpong=False, c=0):
+def consumer_program(tiles, SK, SV, kQ, deep_on, variant, pingpong=False, c=0, o_in_stage=False):
     """Ops for one warp of consumer warpgroup c (the same for every warp; warp 0 also does the
     releases). With pingpong, warpgroup c syncs on named barrier 1 + c before a turn's GEMMs and
     arrives on the other's after; warpgroup 1 arrives once first, warpgroup 0 syncs once last."""
@@ -74,7 +77,8 @@ def consumer_program(tiles, SK, SV, kQ, deep_on, variant, pingpong=False, c=0):
         W = lambda r: ops.append(("wait", r, full_par(r)))
         I = lambda reads, tag: ops.append(("issue", tuple(reads), tag))
         G = lambda k: ops.append(("waitg", k))
-        R = lambda r: ops.append(("rel", r))
+        kept = {K(n - 1)} if (o_in_stage and c == 0) else {V(n - 1)} if (o_in_stage and c == 1) else set()
+        R = lambda r: None if r in kept else ops.append(("rel", r))
         W(Q)
         if variant == "bare_wait_release":  # the hang's pattern: stages released after a bare wait
             W(K(0)); R(K(0))
@@ -123,10 +127,21 @@ def consumer_program(tiles, SK, SV, kQ, deep_on, variant, pingpong=False, c=0):
                     R(Q)
                 G(0)
                 R(V(it - 1))
+        if o_in_stage and c == 1:  # its last S has retired
+            ops.append(("nb_arrive", 6))
         W(V(n - 1))
         if pingpong:  # the varlen guard's barrier of every consumer warp (a superset: dense calls skip it)
             ops.extend([("nb_arrive", 3), ("nb_wait", 3)])
         turn(); I([V(n - 1)], "PV%d" % (n - 1)); hand(); G(0); R(V(n - 1))
+        if o_in_stage:  # the epilogue: O through the kept stage, then its release
+            if c == 0:
+                ops.extend([("nb_arrive", 6), ("nb_wait", 6), ("nb_arrive", 7)])
+            else:
+                ops.extend([("nb_arrive", 7), ("nb_wait", 7)])
+            (buf,) = kept
+            # every warp's part written (named barrier 4 + c, the warpgroup's own), then the store
+            # (its read waited for by the issuing thread) and the release
+            ops.extend([("owrite", buf), ("nb_arrive", 4 + c), ("nb_wait", 4 + c), ("rel", buf)])
     if pingpong and c == 0:
         ops.extend([("nb_arrive", 1), ("nb_wait", 1)])
     return ops
@@ -155,9 +170,10 @@ def producer_program(tiles, SK, SV, kQ):
     return ops
 
 
-def run(tiles, SK, SV, kQ, C, deep_on, variant, rng, max_steps=200000, pingpong=False):
-    # named barriers, counted in warps: 1 and 2 the ping-pong's (both warpgroups), 3 all consumers
-    named = {i: {"count": 8 if i < 3 else 4 * C, "arrived": 0, "gen": 0} for i in (1, 2, 3)}
+def run(tiles, SK, SV, kQ, C, deep_on, variant, rng, max_steps=200000, pingpong=False, o_in_stage=False):
+    # named barriers, counted in warps: 1 and 2 the ping-pong's (both warpgroups), 3 all consumers,
+    # 4 and 5 each warpgroup's own, 6 and 7 the O-in-stage hand-overs (both warpgroups)
+    named = {i: {"count": 4 * C if i == 3 else 4 if i in (4, 5) else 8, "arrived": 0, "gen": 0} for i in (1, 2, 3, 4, 5, 6, 7)}
     arrived_gen = {}  # (c, w, id) -> the barrier's generation when that warp last arrived
     full = {}
     empty = {}
@@ -167,7 +183,7 @@ def run(tiles, SK, SV, kQ, C, deep_on, variant, rng, max_steps=200000, pingpong=
             empty[(kind, s)] = Bar(C)
     content = {}  # buffer -> (use, landed)
     prod = producer_program(tiles, SK, SV, kQ)
-    cons_wg = [consumer_program(tiles, SK, SV, kQ, deep_on, "bare_wait_release" if (variant == "bare_wait_release" and c == C - 1) else variant, pingpong, c) for c in range(C)]
+    cons_wg = [consumer_program(tiles, SK, SV, kQ, deep_on, "bare_wait_release" if (variant == "bare_wait_release" and c == C - 1) else variant, pingpong, c, o_in_stage) for c in range(C)]
     pc_p = 0
     pending_tma = []  # (buffer, use)
     pc = [[0] * 4 for _ in range(C)]
@@ -284,6 +300,12 @@ def run(tiles, SK, SV, kQ, C, deep_on, variant, rng, max_steps=200000, pingpong=
                         got = content.get((r[0], r[1]))
                         if got != (r[2], True):
                             raise Fail("wgmma %s of wg %d reads %s expecting use %d, holds %s" % (op[2], c, (r[0], r[1]), r[2], got))
+            elif op[0] == "owrite":
+                r = op[1]
+                if content.get((r[0], r[1])) != (r[2], True):
+                    raise Fail("wg %d writes O into %s (use %d), which holds %s" % (c, (r[0], r[1]), r[2], content.get((r[0], r[1]))))
+                if buffer_readers((r[0], r[1])):
+                    raise Fail("wg %d writes O into %s while a wgmma reads it" % (c, (r[0], r[1])))
             elif op[0] == "rel":
                 if w == 0:
                     r = op[1]
@@ -309,16 +331,18 @@ def main():
                         for pingpong in (False, True):
                             if pingpong and (deep_on or C != 2 or variant == "head"):
                                 continue
-                            configs.append((deep_on, variant, SK, SV, kQ, C, pingpong))
+                            configs.append((deep_on, variant, SK, SV, kQ, C, pingpong, False))
+                        if not deep_on and variant in ("serial", "v_first") and C == 2:
+                            configs.append((deep_on, variant, SK, SV, kQ, C, False, True))
     for cfg in configs:
-        deep_on, variant, SK, SV, kQ, C, pingpong = cfg
+        deep_on, variant, SK, SV, kQ, C, pingpong, o_in_stage = cfg
         fails = 0
         runs = 0
         for n in (1, 2, 3, 4, 5):
             for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 40):
                 runs += 1
                 try:
-                    run([n] * 3, SK, SV, kQ, C, deep_on, variant, rng, pingpong=pingpong)
+                    run([n] * 3, SK, SV, kQ, C, deep_on, variant, rng, pingpong=pingpong, o_in_stage=o_in_stage)
                 except Fail as e:
                     fails += 1
                     if fails <= 2:
@@ -327,7 +351,7 @@ def main():
             tiles = [rng.choice([0, 1, 1, 2, 2, 3, 4, 5, 6, 7]) for _ in range(rng.randint(1, 6))]
             runs += 1
             try:
-                run(tiles, SK, SV, kQ, C, deep_on, variant, rng, pingpong=pingpong)
+                run(tiles, SK, SV, kQ, C, deep_on, variant, rng, pingpong=pingpong, o_in_stage=o_in_stage)
             except Fail as e:
                 fails += 1
                 if fails <= 2:
