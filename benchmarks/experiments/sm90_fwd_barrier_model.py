@@ -13,7 +13,7 @@ sm90_fwd_deep.patch, in the tree at 10ded41), with V's wait before S's issue ("v
 since 8771a42), and with the two consumer warpgroups' ping-pong turns on named barriers 1 and 2
 (kPingPong, D = 128 since 611f595; the varlen guard's barrier 3 of all consumer warps before the
 last P V modelled too), and with O written through the last block's stages (sm90_fwd_o_in_stage.patch,
-D = 256: warpgroup 0 keeps K's stage, 1 V's, until its O store has read it; named barriers 6 and 7
+D = 256: warpgroup 0 keeps K's stage, 1 V's, until its O store has read it; named barriers 7 and 8
 hand the stages over) it runs
 tiles of 1-5 blocks and random runs of tiles, and reports deadlocks, a wgmma reading a buffer that
 does not (yet) hold the use it expects, a load overwriting a buffer a running wgmma reads, an O
@@ -128,16 +128,16 @@ def consumer_program(tiles, SK, SV, kQ, deep_on, variant, pingpong=False, c=0, o
                 G(0)
                 R(V(it - 1))
         if o_in_stage and c == 1:  # its last S has retired
-            ops.append(("nb_arrive", 6))
+            ops.append(("nb_arrive", 7))
         W(V(n - 1))
         if pingpong:  # the varlen guard's barrier of every consumer warp (a superset: dense calls skip it)
             ops.extend([("nb_arrive", 3), ("nb_wait", 3)])
         turn(); I([V(n - 1)], "PV%d" % (n - 1)); hand(); G(0); R(V(n - 1))
         if o_in_stage:  # the epilogue: O through the kept stage, then its release
             if c == 0:
-                ops.extend([("nb_arrive", 6), ("nb_wait", 6), ("nb_arrive", 7)])
+                ops.extend([("nb_arrive", 7), ("nb_wait", 7), ("nb_arrive", 8)])
             else:
-                ops.extend([("nb_arrive", 7), ("nb_wait", 7)])
+                ops.extend([("nb_arrive", 8), ("nb_wait", 8)])
             (buf,) = kept
             # every warp's part written (named barrier 4 + c, the warpgroup's own), then the store
             # (its read waited for by the issuing thread) and the release
@@ -172,8 +172,8 @@ def producer_program(tiles, SK, SV, kQ):
 
 def run(tiles, SK, SV, kQ, C, deep_on, variant, rng, max_steps=200000, pingpong=False, o_in_stage=False):
     # named barriers, counted in warps: 1 and 2 the ping-pong's (both warpgroups), 3 all consumers,
-    # 4 and 5 each warpgroup's own, 6 and 7 the O-in-stage hand-overs (both warpgroups)
-    named = {i: {"count": 4 * C if i == 3 else 4 if i in (4, 5) else 8, "arrived": 0, "gen": 0} for i in (1, 2, 3, 4, 5, 6, 7)}
+    # 4 and 5 each warpgroup's own, 7 and 8 the O-in-stage hand-overs (both warpgroups)
+    named = {i: {"count": 4 * C if i == 3 else 4 if i in (4, 5) else 8, "arrived": 0, "gen": 0} for i in (1, 2, 3, 4, 5, 7, 8)}
     arrived_gen = {}  # (c, w, id) -> the barrier's generation when that warp last arrived
     full = {}
     empty = {}
