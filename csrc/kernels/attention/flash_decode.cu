@@ -431,8 +431,8 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
 // thread t owns columns 4 (t mod D/4) + [0, 4) of the splits ≡ t div (D/4) modulo the block's
 // groups. Each thread loads its splits' lse and partials in one round (every load in flight at
 // once) and merges them online against its own running max; the groups' (max, sum, o) meet in
-// shared memory. (Weights first, then the partials, cost two dependent rounds of loads after the split
-// grid; one thread walking every split in turn, a latency per split: 18 µs for 1 × 32K.)
+// shared memory. (Weights first, then the partials, cost two dependent rounds of loads after the
+// split grid; one thread walking every split in turn, a latency per split: 18 µs for 1 × 32K.)
 constexpr int kCombineThreads = 128;
 
 template <typename T>
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const Fl
   T* o = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
          int64_t(head) * p.o_head_stride;
   store_pack<T, 4>(o, c, packed);
-  // (the lse in natural log directly: row_lse's round trip through log2 units would cost row_max an ulp)
+  // (the lse in natural log directly: row_lse's round trip through log2 units costs row_max an ulp)
   if (p.lse != nullptr && threadIdx.x == 0) {
     p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] =
         nan ? NAN : (total > 0.0f ? row_max + logf(total) : -INFINITY);

@@ -4,9 +4,9 @@
 // (flash_fwd_sm90.h says who calls, checks and times it).
 //
 // D = 64, 128 and 256 (other multiples of 8 up to 256 on the next of these: the TMA reads q, k
-// and v's columns past their head dim as zeros, and the epilogue stores only O's own), dense or packed varlen batches, fp16 / bf16. A CTA per (query block of
-// 192 rows at D = 64 unless a causal or windowed call's rows see under 4K keys, else 128, head,
-// sequence): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1, 2 (and 3)
+// and v's columns past their head dim as zeros, and the epilogue stores only O's own), dense or
+// packed varlen batches, fp16 / bf16. A CTA per (query block of 192 rows at D = 64 unless a causal
+// or windowed call's rows see under 4K keys, else 128, head, sequence): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1, 2 (and 3)
 // consume 64 query rows each. Q and two stages of K and V (four at D = 64) live in shared memory
 // as 64-column slabs with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key
 // block, each consumer:
