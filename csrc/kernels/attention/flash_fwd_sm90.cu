@@ -21,10 +21,12 @@
 // the tile's bytes), so S starts while V still lands (at D ≤ 128; D = 256 waits for V first,
 // kWaitVBeforeS). K and V have empty barriers of their own too (one arrival per consumer
 // warpgroup): a K stage is free once its S has retired, a V stage once its P V has, and the
-// producer loads V one block behind K, so the next K never waits behind a V release. At D ≤ 128 a
-// dense call's O leaves through shared memory: each consumer warpgroup writes its 64 rows to its
-// part of an O tile (stmatrix) and one of its threads stores them by TMA, so the warpgroup goes on
-// to its next tile while the copy engine writes (the other calls write O from registers).
+// producer loads V one block behind K, so the next K never waits behind a V release. A dense
+// call's O leaves through shared memory: each consumer warpgroup writes its 64 rows to its part of
+// an O tile (stmatrix) and one of its threads stores them by TMA, so the warpgroup goes on to its
+// next tile while the copy engine writes; at D = 256, where no O tile fits, through a stage of the
+// tile's last block (warpgroup 0 K's, 1 V's), released once the copy has read it. (Varlen calls,
+// D = 256 tiles with no key block and outputs no map can address write O from registers.)
 //
 //   D     query × key block   shared memory (Q buffers + stages × (K + V) + O)   registers per consumer thread
 //   64    192 × 128           2 · 24 + 4 · (16 + 16) + 24 = 200 KiB       S 64, O 32, P 32 (of 160)
@@ -107,6 +109,12 @@ struct Sm90FwdConfig {
   // At D <= 128 an O tile (Q's shape; each consumer warpgroup's 64 rows a part of their own) for
   // the TMA store of dense calls' outputs (at D = 256 the tile does not fit beside the stages)
   static constexpr int kTileBytesO = kHeadDim <= 128 ? kTileBytesQ : 0;
+  // At D = 256, where no O tile fits, each consumer warpgroup writes its 64 rows through a stage of
+  // the tile's last key block instead (warpgroup 0 the K stage, 1 the V stage: 64 · 512 bytes, a
+  // stage's size at 64 keys), and releases that stage once its TMA store has read it.
+  static constexpr bool kOInStage = kTileBytesO == 0;
+  static_assert(!kOInStage || (kConsumers == 2 && 64 * kHeadDim * 2 <= kTileBytesKV),
+                "O in a stage: two consumer warpgroups, 64 rows each within a stage");
   // Two Q buffers where they fit (the next tile's Q lands during this tile's last blocks), else one
   static constexpr int kQStages =
       2 * kTileBytesQ + 2 * kStages * kTileBytesKV + kTileBytesO + 1024 + 256 <= 227 * 1024 ? 2 : 1;
@@ -158,7 +166,7 @@ __device__ __forceinline__ float row_max_tree(const float (&s)[kCount], int r) {
 
 struct Sm90Maps {
   CUtensorMap q, k, v, o;  // o: 64-row boxes, valid where store_o
-  int store_o;             // O by TMA store: dense calls whose output a map can address (kTileBytesO > 0)
+  int store_o;             // O by TMA store: dense calls whose output a map can address
 };
 
 template <typename T, typename Config>
@@ -419,16 +427,25 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       acc_o[4 * i + 3] *= alpha[1];
     }
   };
-  // A stage's GEMMs of this warpgroup are done (wgmma is collective: every warp issued them).
-  const auto release = [&](uint64_t* empty, int stage) {
-    if (threadIdx.x % 128 == 0) sm90::mbarrier_arrive(&empty[stage]);
+  // A stage's GEMMs of this warpgroup are done (wgmma is collective: every warp issued them);
+  // unless `keep`: a stage this warpgroup writes O through, released after the store (below).
+  const auto release = [&](uint64_t* empty, int stage, bool keep = false) {
+    if (threadIdx.x % 128 == 0 && !keep) sm90::mbarrier_arrive(&empty[stage]);
   };
 
   // Block j's S is issued before block j − 1's P V, and its softmax runs while that P V does
   // (FlashAttention-3's intra-warpgroup overlap): the tensor cores have the next GEMM while the
   // warpgroup computes exponentials. P is rewritten only once its P V has retired. Stages and
   // phases count this CTA's Q loads and K / V blocks over its tiles, as the producer counts them.
-  const bool store_o = Config::kTileBytesO > 0 && maps.store_o;  // (the epilogue below)
+  const bool store_o = maps.store_o != 0;  // (the epilogue below)
+  // Whether warpgroup 0 keeps the K stage and warpgroup 1 the V stage of a tile's last block to
+  // write O through (Config::kOInStage): warpgroup 0 releases that K stage only once its store has
+  // read it, and writes it only once warpgroup 1 has said (named barrier 7) that its own last S
+  // has retired; likewise warpgroup 1 and V's stage, after warpgroup 0's last P V (barrier 8).
+  // (Named barriers: 1 and 2 the ping-pong's, 3 all consumers', 4 + c each warpgroup's own.)
+  // (Predicates on the releases, not branches: a branch on the warpgroup inside the key loop
+  // costs the loop its uniform descriptor arithmetic.)
+  const bool hold_k = Config::kOInStage && store_o && c == 0, hold_v = Config::kOInStage && store_o && c == 1;
   // Ping-pong: warpgroup c issues its GEMMs once named barrier 1 + c has seen it and the other
   // warpgroup's arrival (the other's GEMMs of that turn are issued), then hands the turn over.
   // Both issue the same number of times (a tile's first S, its blocks, its last P V), warpgroup 0
@@ -460,6 +477,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
     const int n_lo = x.n_lo, num_n_blocks = x.num_n_blocks;
+    uint32_t last_stage = 0;  // the K / V stage of the tile's last block (where it has one)
     if (num_n_blocks > 0) {
       const uint32_t qs = q_uses % kQStages;
       desc_q0 = sm90::smem_descriptor(reinterpret_cast<unsigned char*>(smem_q) + qs * kTileBytesQ + 64 * 128 * c, 16,
@@ -475,7 +493,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       your_turn();
       sm90::wgmma_wait<0>();
       sm90::fence_operands(s);
-      release(k_empty, kv_uses % kStages);
+      release(k_empty, kv_uses % kStages, hold_k && num_n_blocks == 1);
       if (num_n_blocks == 1) release(q_empty, qs);  // Q's last read: the next tile's may land
       softmax(n_lo, full_lo <= 0 && 0 < full_hi);
       round_p();  // (O is 0: nothing to rescale)
@@ -492,7 +510,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         your_turn();
         sm90::wgmma_wait<1>();  // S is in (groups complete in order); P V still runs
         sm90::fence_operands(s);
-        release(k_empty, stage);  // the producer may load block it + kStages's K now
+        // the producer may load block it + kStages's K now
+        release(k_empty, stage, hold_k && it == num_n_blocks - 1);
         if (it == num_n_blocks - 1) release(q_empty, qs);
         softmax(n_lo + it * kBlockN, it >= full_lo && it < full_hi);
         pin_wait();
@@ -504,7 +523,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         round_p();
         rescale_o();
       }
+      if (hold_v) sm90::named_barrier_arrive(7, 256);  // (this warpgroup's last S has retired)
       const uint32_t g_last = kv_uses + num_n_blocks - 1, last = g_last % kStages;
+      last_stage = last;
       sm90::mbarrier_wait(&v_full[last], (g_last / kStages) & 1);
       guard_last_v(last);
       my_turn();
@@ -512,16 +533,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       your_turn();
       sm90::wgmma_wait<0>();
       sm90::fence_operands(acc_o);
-      release(v_empty, last);
+      release(v_empty, last, hold_v);
       ++q_uses;
       kv_uses += num_n_blocks;
     }
 
-    // Epilogue: O / l (0 for a row that saw no key) and the lse, O's own columns. Where the config
-    // has an O tile and the call a map of O, each warpgroup writes its 64 rows through its part of
-    // the tile and one TMA store per slab (rows past the sequence and columns past the head dim
-    // left out), and goes on to its next tile while the copy engine writes them; otherwise O goes
-    // straight from registers.
+    // Epilogue: O / l (0 for a row that saw no key) and the lse, O's own columns. Where the call
+    // has a map of O, each warpgroup writes its 64 rows through its part of the O tile (D ≤ 128)
+    // or the stage it kept (D = 256, a tile that loaded one) and one TMA store per slab (rows past
+    // the sequence and columns past the head dim left out), and goes on to its next tile while the
+    // copy engine writes them (D = 256: once the copy has read the stage, which it then releases);
+    // otherwise O goes straight from registers.
+    const bool tma_o = store_o && (!Config::kOInStage || num_n_blocks > 0);
     const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
     const int64_t lse_offset = varlen ? x.row_q : int64_t(x.batch) * p.lse_batch_stride;
     T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
@@ -534,7 +557,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       inv[r] = total > 0.0f ? 1.0f / total : 0.0f;
       const int row = x.m_start + row0 + 8 * r;
       if (row >= x.seqlen_q) continue;
-      if (!store_o) {
+      if (!tma_o) {
 #pragma unroll
         for (int i = 0; i < kHeadDim / 8; ++i) {
           if constexpr (Config::kNarrowHeadDims) {  // (a head dim under the kernel's: O has only its own columns)
@@ -567,6 +590,29 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           sm90::bulk_commit_group();
         }
       }
+    } else if (tma_o) {
+      // Warpgroup 0 writes through the last block's K stage once warpgroup 1's last S has retired
+      // (barrier 7), then tells warpgroup 1 that its own last P V has (barrier 8: V's stage free).
+      const uint32_t last = last_stage;
+      unsigned char* part = reinterpret_cast<unsigned char*>(c == 0 ? smem_k : smem_v) + last * kTileBytesKV;
+      if (c == 0) {
+        sm90::named_barrier_sync(7, 256);
+        sm90::named_barrier_arrive(8, 256);
+      } else {
+        sm90::named_barrier_sync(8, 256);
+      }
+      sm90::stmatrix_accumulator<T, kHeadDim>(part, 64 * 128, acc_o, inv[0], inv[1]);
+      sm90::fence_proxy_async();  // (the generic stores before the copy engine's reads)
+      sm90::named_barrier_sync(4 + c, 128);
+      if (threadIdx.x % 128 == 0) {
+        for (int slab = 0; slab < kSlabs && 64 * slab < p.head_dim; ++slab) {  // (no box wholly past O's columns)
+          sm90::tma_store_4d(&maps.o, part + slab * (64 * 128), 64 * slab, x.head,
+                             int(x.row_q) + x.m_start + 64 * c, x.tma_batch);
+        }
+        sm90::bulk_commit_group();
+        sm90::bulk_wait_group_read<0>();
+        sm90::mbarrier_arrive(c == 0 ? &k_empty[last] : &v_empty[last]);
+      }
     }
   }
   if constexpr (Config::kPingPong) {
@@ -598,9 +644,9 @@ cudaError_t launch(const FlashFwdParams& p, cudaStream_t stream) {
                                             p.k_row_stride, p.k_head_stride, p.k_batch_stride, Config::kBlockN));
   FX_RETURN_IF_ERROR(make_tma_attention_map(&maps.v, p.v, p.head_dim, p.heads_kv, rows_k, batch,
                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, Config::kBlockN));
-  // O by TMA store where the config has an O tile and the output's pointer and strides suit a map
-  // (varlen: a 64-row box would write the next sequence's rows)
-  maps.store_o = Config::kTileBytesO > 0 && !varlen &&
+  // O by TMA store (through the O tile, or at D = 256 a stage) where the output's pointer and
+  // strides suit a map (varlen: a 64-row box would write the next sequence's rows)
+  maps.store_o = !varlen &&
                  make_tma_attention_map(&maps.o, p.o, p.head_dim, p.heads, rows_q, batch, p.o_row_stride,
                                         p.o_head_stride, p.o_batch_stride, 64) == cudaSuccess;
   // Tiles of equal work (no causal mask, no window, a dense batch), or causal units of two tiles
