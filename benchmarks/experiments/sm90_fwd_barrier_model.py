@@ -12,8 +12,8 @@ Q buffers, consumer warpgroups; the key loop as at e60821c ("head"), with V's wa
 sm90_fwd_deep.patch, in the tree at 10ded41), with V's wait before S's issue ("v_first": D = 256
 since 8771a42), and with the two consumer warpgroups' ping-pong turns on named barriers 1 and 2
 (kPingPong, D = 128 since 611f595; the varlen guard's barrier 3 of all consumer warps before the
-last P V modelled too), and with O written through the last block's stages (sm90_fwd_o_in_stage.patch,
-D = 256: warpgroup 0 keeps K's stage, 1 V's, until its O store has read it; named barriers 7 and 8
+last P V modelled too), and with O written through the last block's stages (D = 256 since d2b2ba5:
+warpgroup 0 keeps K's stage, 1 V's, until its O store has read it; named barriers 7 and 8
 hand the stages over) it runs
 tiles of 1-5 blocks and random runs of tiles, and reports deadlocks, a wgmma reading a buffer that
 does not (yet) hold the use it expects, a load overwriting a buffer a running wgmma reads, an O
