@@ -591,8 +591,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
       }
     } else if (tma_o) {
-      // Warpgroup 0 writes through the last block's K stage once warpgroup 1's last S has retired
-      // (barrier 7), then tells warpgroup 1 that its own last P V has (barrier 8: V's stage free).
+      // Warpgroup 0 waits for warpgroup 1's last S to retire (barrier 7), at once tells warpgroup 1
+      // that its own last P V has (barrier 8: V's stage free), then writes through the K stage.
       const uint32_t last = last_stage;
       unsigned char* part = reinterpret_cast<unsigned char*>(c == 0 ? smem_k : smem_v) + last * kTileBytesKV;
       if (c == 0) {
