@@ -6,10 +6,10 @@
 // D = 64, 128 and 256 (other multiples of 8 up to 256 on the next of these: the TMA reads q, k
 // and v's columns past their head dim as zeros, and the epilogue stores only O's own), dense or
 // packed varlen batches, fp16 / bf16. A CTA per (query block of 192 rows at D = 64 unless a causal
-// or windowed call's rows see under 4K keys, else 128, head, sequence): warpgroup 0 is the producer (one thread issues every TMA), warpgroups 1, 2 (and 3)
-// consume 64 query rows each. Q and two stages of K and V (four at D = 64) live in shared memory
-// as 64-column slabs with the 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key
-// block, each consumer:
+// or windowed call's rows see under 4K keys, else 128, head, sequence): warpgroup 0 is the
+// producer (one thread issues every TMA), warpgroups 1, 2 (and 3) consume 64 query rows each. Q
+// and two stages of K and V (four at D = 64) live in shared memory as 64-column slabs with the
+// 128-byte swizzle (TMA writes them so; wgmma reads them so). Per key block, each consumer:
 // S = Q Kᵀ (wgmma SS, m64nN with N the block's keys), the online softmax in registers, O += P V
 // (wgmma RS: P from registers, V read MN-major as stored; n64 or n128 per instruction), then
 // releases the stage. A CTA walks tiles (query block, head, sequence), the last query blocks of a
@@ -572,46 +572,41 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] = row_lse({row_max[r] * score_scale, total});
       }
     }
-    if constexpr (Config::kTileBytesO > 0) {
-      if (store_o) {
-        // This warpgroup's previous store has read its part (its issuer waits, the others at
-        // the barrier, named 4 + c: this warpgroup's own).
-        unsigned char* part = smem_o + c * (64 * 128 * kSlabs);  // (slabs of 64 rows × 128 bytes)
+    if (tma_o) {
+      unsigned char* part;  // this warpgroup's 64 rows: slabs of 64 rows × 128 bytes
+      if constexpr (Config::kOInStage) {
+        // Warpgroup 0 waits for warpgroup 1's last S to retire (barrier 7), at once tells
+        // warpgroup 1 that its own last P V has (barrier 8: V's stage free), then writes through
+        // the K stage.
+        part = reinterpret_cast<unsigned char*>(c == 0 ? smem_k : smem_v) + last_stage * kTileBytesKV;
+        if (c == 0) {
+          sm90::named_barrier_sync(7, 256);
+          sm90::named_barrier_arrive(8, 256);
+        } else {
+          sm90::named_barrier_sync(8, 256);
+        }
+      } else {
+        // This warpgroup's previous store has read its part of the O tile (its issuer waits, the
+        // others at the barrier, named 4 + c: this warpgroup's own).
+        part = smem_o + c * (64 * 128 * kSlabs);
         if (threadIdx.x % 128 == 0) sm90::bulk_wait_group_read<0>();
         sm90::named_barrier_sync(4 + c, 128);
-        sm90::stmatrix_accumulator<T, kHeadDim>(part, 64 * 128, acc_o, inv[0], inv[1]);
-        sm90::fence_proxy_async();  // (the generic stores before the copy engine's reads)
-        sm90::named_barrier_sync(4 + c, 128);
-        if (threadIdx.x % 128 == 0) {
-          for (int slab = 0; slab < kSlabs; ++slab) {
-            sm90::tma_store_4d(&maps.o, part + slab * (64 * 128), 64 * slab, x.head,
-                               int(x.row_q) + x.m_start + 64 * c, x.tma_batch);
-          }
-          sm90::bulk_commit_group();
-        }
-      }
-    } else if (tma_o) {
-      // Warpgroup 0 waits for warpgroup 1's last S to retire (barrier 7), at once tells warpgroup 1
-      // that its own last P V has (barrier 8: V's stage free), then writes through the K stage.
-      const uint32_t last = last_stage;
-      unsigned char* part = reinterpret_cast<unsigned char*>(c == 0 ? smem_k : smem_v) + last * kTileBytesKV;
-      if (c == 0) {
-        sm90::named_barrier_sync(7, 256);
-        sm90::named_barrier_arrive(8, 256);
-      } else {
-        sm90::named_barrier_sync(8, 256);
       }
       sm90::stmatrix_accumulator<T, kHeadDim>(part, 64 * 128, acc_o, inv[0], inv[1]);
       sm90::fence_proxy_async();  // (the generic stores before the copy engine's reads)
       sm90::named_barrier_sync(4 + c, 128);
       if (threadIdx.x % 128 == 0) {
-        for (int slab = 0; slab < kSlabs && 64 * slab < p.head_dim; ++slab) {  // (no box wholly past O's columns)
+        // (no box wholly past O's columns: only the D = 256 kernel serves head dims, 136-192, that
+        // leave a slab past them)
+        for (int slab = 0; slab < kSlabs && (kSlabs <= 2 || 64 * slab < p.head_dim); ++slab) {
           sm90::tma_store_4d(&maps.o, part + slab * (64 * 128), 64 * slab, x.head,
                              int(x.row_q) + x.m_start + 64 * c, x.tma_batch);
         }
         sm90::bulk_commit_group();
-        sm90::bulk_wait_group_read<0>();
-        sm90::mbarrier_arrive(c == 0 ? &k_empty[last] : &v_empty[last]);
+        if constexpr (Config::kOInStage) {  // the stage goes back to the producer once the copy has read it
+          sm90::bulk_wait_group_read<0>();
+          sm90::mbarrier_arrive(c == 0 ? &k_empty[last_stage] : &v_empty[last_stage]);
+        }
       }
     }
   }
