@@ -230,62 +230,51 @@ size_t bwd_workspace_bytes(const FlashBwdParams& p) {
   return size_t(2 * bwd_stats_layout(p).bytes + bwd_accum_bytes<kHeadDim>(p) + bwd_counter_count(p) * 4);
 }
 
+// Lanes per (row, head) pair in flash_bwd_preprocess: a lane per 8 elements of the row, rounded up
+// to a power of two, so 32 / that many pairs share a warp (4 at D = 64, 2 at 128, 1 at 256).
+FX_HOST_DEVICE int bwd_preprocess_lanes(int head_dim) {
+  int lanes = 1;
+  while (lanes * 8 < head_dim) lanes *= 2;
+  return lanes;
+}
+
 // D = rowsum(dO ∘ O) (− dlse when given) and lse · log2 e (+inf where lse = −inf) for every
-// (row, head), a warp per 16 rows of one head; also zeroes dq_accum (16 bytes per thread and
-// stride). D is summed by the tensor cores in the main kernels' k order (m16n8k16 steps of 16
-// columns from a zero accumulator), as the diagonal of O dOᵀ: where a row saw one key, O is that
-// key's V row and D is dP bit for bit, so dS = P ∘ (dP − D) is exactly 0 as it should be (a sum
-// in another order leaves an ulp of D, which a long query range adds up in dK).
+// (row, head): bwd_preprocess_lanes lanes per pair, a lane per 8 elements of the row, several
+// pairs per warp (whose loads and the lse's are all in flight together). Also zeroes dq_accum (16
+// bytes per thread and stride).
 template <typename T>
 __global__ void __launch_bounds__(256) flash_bwd_preprocess(const FlashBwdParams p, const BwdWorkspace w) {
   const int64_t threads = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < w.dq_accum_floats / 4; i += threads) {
     reinterpret_cast<float4*>(w.dq_accum)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
+  const int lanes = bwd_preprocess_lanes(p.head_dim), lane = threadIdx.x % 32, sub = lane % lanes;
+  const int64_t pair = (int64_t(blockIdx.x) * 8 + threadIdx.x / 32) * (32 / lanes) + lane / lanes;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t rows = varlen ? p.total_q : p.seqlen_q;  // per batch entry (varlen: one of all rows)
-  const int64_t row_blocks = (rows + 15) / 16;
-  const int64_t warp = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
-  if (warp >= row_blocks * p.heads * (varlen ? 1 : p.batch)) return;  // (the whole warp: its MMAs need every lane)
-  const int head = int(warp % p.heads);
-  const int64_t batch = warp / p.heads / row_blocks, row0 = warp / p.heads % row_blocks * 16;
-  const int lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
-  // this lane's two rows (group, group + 8): the A fragment's rows of O, and dO's as the B
-  // fragment's columns of the two n8 tiles (column c of tile t is row 8 t + c)
-  const T* o[2];
-  const T* d_o[2];
-  bool valid[2];
+  const int64_t rows = varlen ? p.total_q : int64_t(p.batch) * p.seqlen_q;
+  const bool valid = pair < rows * p.heads;  // (no early return: every lane joins the shuffles)
+  const int head = int(pair % p.heads);
+  const int64_t row_all = pair / p.heads;  // dense: b · Sq + row
+  const int64_t batch = varlen ? 0 : row_all / p.seqlen_q;
+  const int64_t row = varlen ? row_all : row_all % p.seqlen_q;
+  const int64_t at = batch * p.lse_batch_stride + head * p.lse_head_stride + row;
+  float sum = 0.0f, lse = 0.0f;
+  if (valid) {
+    if (sub == 0) lse = p.lse[at];
+    const T* o = static_cast<const T*>(p.o) + batch * p.o_batch_stride + row * p.o_row_stride + head * p.o_head_stride;
+    const T* d_o =
+        static_cast<const T*>(p.dout) + batch * p.do_batch_stride + row * p.do_row_stride + head * p.do_head_stride;
+    for (int c = sub; c * 8 < p.head_dim; c += lanes) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c * 8);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c * 8);
+      const T* oe = reinterpret_cast<const T*>(&ov);
+      const T* de = reinterpret_cast<const T*>(&dv);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = row0 + group + 8 * r;
-    valid[r] = row < rows;
-    o[r] = static_cast<const T*>(p.o) + batch * p.o_batch_stride + row * p.o_row_stride + head * p.o_head_stride +
-           2 * quad;
-    d_o[r] = static_cast<const T*>(p.dout) + batch * p.do_batch_stride + row * p.do_row_stride +
-             head * p.do_head_stride + 2 * quad;
-  }
-  const auto load = [&](const T* ptr, bool ok, int col) {
-    return ok && col < p.head_dim ? *reinterpret_cast<const uint32_t*>(ptr + col) : 0u;
-  };
-  float c[2][4] = {};  // O dOᵀ: rows 0-15 against dO rows 0-7, then 8-15
-  for (int k = 0; k < p.head_dim; k += 16) {
-    const uint32_t a[4] = {load(o[0], valid[0], k), load(o[1], valid[1], k), load(o[0], valid[0], k + 8),
-                           load(o[1], valid[1], k + 8)};
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      ptx::mma_16816<T>(c[t], a, load(d_o[t], valid[t], k), load(d_o[t], valid[t], k + 8));
+      for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
     }
   }
-  // The diagonal: row group (tile 0, column group) and row group + 8 (tile 1, column group) sit
-  // in the lane whose columns 2 quad, 2 quad + 1 hold group.
-  if (quad != group / 2) return;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (!valid[r]) continue;
-    const int64_t row = row0 + group + 8 * r;
-    const float sum = group % 2 ? c[r][2 * r + 1] : c[r][2 * r];
-    const int64_t at = batch * p.lse_batch_stride + head * p.lse_head_stride + row;
-    const float lse = p.lse[at];
+  for (int offset = lanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (valid && sub == 0) {
     const int64_t stat = batch * w.stats_batch_stride + head * w.stats_head_stride + row;
     // A used lse adds dlse · P to dS = P ∘ (dP − D): the same as D − dlse in place of D.
     w.dsum[stat] = p.dlse != nullptr ? sum - p.dlse[at] : sum;
@@ -784,10 +773,8 @@ cudaError_t launch_bwd_preprocess(const FlashBwdParams& p, const BwdWorkspace& w
   if (p.deterministic) {
     FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count(p)) * 4, stream));
   }
-  // a warp per 16 rows of a head (of a batch entry, or of all rows when varlen), eight a block
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t warps = ((varlen ? p.total_q : p.seqlen_q) + 15) / 16 * p.heads * (varlen ? 1 : p.batch);
-  flash_bwd_preprocess<T><<<unsigned((warps + 7) / 8), 256, 0, stream>>>(p, w);
+  const int64_t pairs_per_block = 8 * (32 / bwd_preprocess_lanes(p.head_dim));
+  flash_bwd_preprocess<T><<<unsigned((pairs + pairs_per_block - 1) / pairs_per_block), 256, 0, stream>>>(p, w);
   return cudaGetLastError();
 }
 
