@@ -31,6 +31,9 @@
 #             (and rebuilds the default archs after, unless FLASHEXT_PTX_RESTORE=0)
 #   FLASHEXT_PYTEST_PATHS="tests/test_attention.py"  what pytest runs (default tests)
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
+#   BENCH_RUNS=3  bench_attention's / bench_decode's runs (run i in $OUT/attention_run<i> or decode_run<i>;
+#             benchmarks/attention_runs.py gathers their per-point medians into $OUT/attention_runs.json and
+#             _sdpa_flash.json (the forward; attention_train_runs.json for --only train) or decode_runs.json)
 #   TRAIN_GPT_RUNS=3  train_gpt's runs (each eager and compiled, in $OUT/train_gpt_run<i>; gathered by
 #             benchmarks/train_gpt_runs.py into $OUT/train_gpt_runs.json, the median run copied to $OUT);
 #             profile_train: torch.profiler on the example's training step (host vs GPU time, top kernels)
@@ -250,6 +253,31 @@ train_gpt() {  # the training example, eager and compiled, TRAIN_GPT_RUNS times 
   return 0
 }
 
+bench_runs() {  # bench_runs attention|decode [ARGS...]: bench_<name>.py BENCH_RUNS times (run i in
+  # $OUT/<name>_run<i>), then the per-point medians a bar inside run-to-run noise is judged on
+  # (benchmarks/attention_runs.py: $OUT/attention_runs.json and _sdpa_flash.json for the forward,
+  # attention_train_runs.json for --only train, decode_runs.json)
+  local name=$1 runs=${BENCH_RUNS:-1} i
+  shift
+  [ "$runs" -le 1 ] && { $PY "benchmarks/bench_$name.py" "$@"; return; }
+  for i in $(seq 1 "$runs"); do
+    OUT=$OUT/${name}_run$i $PY "benchmarks/bench_$name.py" "$@" || return 1
+  done
+  local files=("$OUT/${name}_run"*/"$name"*.json) out=$OUT/${name}_runs.json dims=()
+  if [ "$name" = attention ]; then
+    case " $* " in
+      *" --only train "* | *" --only=train "*) out=$OUT/attention_train_runs.json ;;
+      *) dims=(--head-dims 64,128,256) ;;  # (issue 18's forward bar)
+    esac
+  fi
+  $PY benchmarks/attention_runs.py "$out" "${files[@]}" "${dims[@]}" || return 1
+  if [ "$name" = attention ] && [ ${#dims[@]} -gt 0 ]; then
+    $PY benchmarks/attention_runs.py "${out%.json}_sdpa_flash.json" "${files[@]}" "${dims[@]}" --anchor sdpa_flash ||
+      echo "bench_runs: no SDPA flash column to gather"
+  fi
+  return 0
+}
+
 ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH (space-separated)
   [ -n "${FLASHEXT_AB_FLAGS:-}${FLASHEXT_AB_PATCH:-}" ] ||
     { echo "ab: set FLASHEXT_AB_FLAGS (variant B's nvcc flags) or FLASHEXT_AB_PATCH (patches, one per variant)"; return 2; }
@@ -381,8 +409,8 @@ for step in "${steps[@]}"; do
     ctest) run_step ctest ctest_run ;;
     sanitize) run_step compute-sanitizer sanitize ;;
     bench) run_step bench_gelu $PY benchmarks/bench_gelu.py ${BENCH_ARGS:-} ;;
-    bench_attention) run_step bench_attention $PY benchmarks/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
-    bench_decode) run_step bench_decode $PY benchmarks/bench_decode.py ${BENCH_DECODE_ARGS:-} ;;
+    bench_attention) run_step "bench_attention x ${BENCH_RUNS:-1}" bench_runs attention ${BENCH_ATTENTION_ARGS:-} ;;
+    bench_decode) run_step "bench_decode x ${BENCH_RUNS:-1}" bench_runs decode ${BENCH_DECODE_ARGS:-} ;;
     bench_models) run_step bench_models $PY benchmarks/bench_models.py ${BENCH_MODELS_ARGS:-} ;;
     serve_gpt) run_step "serve_gpt (batch 1 and 32)" bash -c "$PY -m flashext.examples.serve_gpt --batch 1 --out $OUT && $PY -m flashext.examples.serve_gpt --batch 32 --out $OUT" ;;
     hf_llama) run_step "examples/hf_llama.py" $PY examples/hf_llama.py ;;
