@@ -33,7 +33,8 @@
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
 #   BENCH_RUNS=3  bench_attention's / bench_decode's runs (run i in $OUT/attention_run<i> or decode_run<i>;
 #             benchmarks/attention_runs.py gathers their per-point medians into $OUT/attention_runs.json and
-#             _sdpa_flash.json (the forward; attention_train_runs.json for --only train) or decode_runs.json)
+#             _sdpa_flash.json for BENCH_ATTENTION_ARGS="--only fwd", attention_train_runs.json for "--only train"
+#             (one of the two: a run of several sections is refused), decode_runs.json; unset or 1: one run in $OUT
 #   TRAIN_GPT_RUNS=3  train_gpt's runs (each eager and compiled, in $OUT/train_gpt_run<i>; gathered by
 #             benchmarks/train_gpt_runs.py into $OUT/train_gpt_runs.json, the median run copied to $OUT);
 #             profile_train: torch.profiler on the example's training step (host vs GPU time, top kernels)
@@ -255,25 +256,35 @@ train_gpt() {  # the training example, eager and compiled, TRAIN_GPT_RUNS times 
 
 bench_runs() {  # bench_runs attention|decode [ARGS...]: bench_<name>.py BENCH_RUNS times (run i in
   # $OUT/<name>_run<i>), then the per-point medians a bar inside run-to-run noise is judged on
-  # (benchmarks/attention_runs.py: $OUT/attention_runs.json and _sdpa_flash.json for the forward,
-  # attention_train_runs.json for --only train, decode_runs.json)
+  # (benchmarks/attention_runs.py); BENCH_RUNS unset or 1: one run into $OUT, nothing gathered
   local name=$1 runs=${BENCH_RUNS:-1} i
   shift
+  [[ "$runs" =~ ^[0-9]+$ ]] || { echo "bench_runs: BENCH_RUNS=$runs is not a count"; return 2; }
   [ "$runs" -le 1 ] && { $PY "benchmarks/bench_$name.py" "$@"; return; }
+  # what each run writes and what the gathered file is called: bench_attention runs one section
+  # (--only fwd: attention.json, issue 18's head dims; --only train: attention_train.json)
+  local file=decode.json section=decode out=$OUT/decode_runs.json dims=() only="" arg prev=""
+  if [ "$name" = attention ]; then
+    for arg in "$@"; do
+      [ "$prev" = --only ] && only=$arg
+      [[ "$arg" == --only=* ]] && only=${arg#--only=}
+      prev=$arg
+    done
+    case $only in
+      fwd) file=attention.json section=fwd out=$OUT/attention_runs.json dims=(--head-dims 64,128,256) ;;
+      train) file=attention_train.json section=train out=$OUT/attention_train_runs.json ;;
+      *) echo "bench_runs: BENCH_RUNS needs BENCH_ATTENTION_ARGS with --only fwd or --only train"; return 2 ;;
+    esac
+  fi
   for i in $(seq 1 "$runs"); do
     OUT=$OUT/${name}_run$i $PY "benchmarks/bench_$name.py" "$@" || return 1
   done
-  local files=("$OUT/${name}_run"*/"$name"*.json) out=$OUT/${name}_runs.json dims=()
-  if [ "$name" = attention ]; then
-    case " $* " in
-      *" --only train "* | *" --only=train "*) out=$OUT/attention_train_runs.json ;;
-      *) dims=(--head-dims 64,128,256) ;;  # (issue 18's forward bar)
-    esac
-  fi
-  $PY benchmarks/attention_runs.py "$out" "${files[@]}" "${dims[@]}" || return 1
-  if [ "$name" = attention ] && [ ${#dims[@]} -gt 0 ]; then
-    $PY benchmarks/attention_runs.py "${out%.json}_sdpa_flash.json" "${files[@]}" "${dims[@]}" --anchor sdpa_flash ||
-      echo "bench_runs: no SDPA flash column to gather"
+  local files=()
+  for i in $(seq 1 "$runs"); do files+=("$OUT/${name}_run$i/$file"); done
+  $PY benchmarks/attention_runs.py "$out" "${files[@]}" --section "$section" "${dims[@]}" || return 1
+  if [ "$section" = fwd ]; then
+    $PY benchmarks/attention_runs.py "${out%.json}_sdpa_flash.json" "${files[@]}" --section fwd "${dims[@]}" \
+      --anchor sdpa_flash || echo "bench_runs: no SDPA flash column to gather"
   fi
   return 0
 }
