@@ -151,16 +151,13 @@ def check_backward(q, k, v, causal=False):
 
 @requires_hopper
 @pytest.mark.parametrize("head_dim", [64, 128])  # 128- and 64-query steps
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1, 300), (64, 128), (113, 203), (300, 257), (127, 1), (1024, 1024)])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1, 300), (64, 128), (113, 203), (300, 257), (255, 1), (1024, 1024)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_backward_against_the_reference(dtype, causal, seqlen_q, seqlen_k, head_dim):
-    # With one key the exact dk is 0, and so is PyTorch's (P = 1 cancels exactly); the D = rowsum(dO ∘ O)
-    # form leaves the fp32 rounding of two head-dim-term dot products per query row, summed into dk over
-    # every row of the group (measured: 1.0-1.5e-5 at 255 rows, group 1 and 4, over the 1e-5
-    # floor). So the one-key shape runs with fewer rows (a partial last block still) and without
-    # grouping, as in test_attention_backward.py; every other shape checks the grouping.
-    layouts = ((1, 4), (2, 4)) if seqlen_k == 1 else ((1, 4), (2, 2), (2, 1))
+    # (255 × 1: every row sees one key, so dS = 0 and the exact dq and dk are 0; D summed in dP's
+    # order keeps that exact however many rows a key's group adds up.)
+    layouts = ((1, 4), (2, 2), (2, 1))
     for batch, heads_kv in layouts:
         check_backward(*make_qkv(batch, seqlen_q, seqlen_k, 4, heads_kv, head_dim, dtype), causal=causal)
 

@@ -230,54 +230,91 @@ size_t bwd_workspace_bytes(const FlashBwdParams& p) {
   return size_t(2 * bwd_stats_layout(p).bytes + bwd_accum_bytes<kHeadDim>(p) + bwd_counter_count(p) * 4);
 }
 
-// Lanes per (row, head) pair in flash_bwd_preprocess: a lane per 8 elements of the row, rounded up
-// to a power of two, so 32 / that many pairs share a warp (4 at D = 64, 2 at 128, 1 at 256).
-FX_HOST_DEVICE int bwd_preprocess_lanes(int head_dim) {
-  int lanes = 1;
-  while (lanes * 8 < head_dim) lanes *= 2;
-  return lanes;
-}
-
 // D = rowsum(dO ∘ O) (− dlse when given) and lse · log2 e (+inf where lse = −inf) for every
-// (row, head): bwd_preprocess_lanes lanes per pair, a lane per 8 elements of the row, several
-// pairs per warp (whose loads and the lse's are all in flight together). Also zeroes dq_accum (16
-// bytes per thread and stride).
+// (row, head): a block per 64 rows of one head, a warp per 16 of them; also zeroes dq_accum (16
+// bytes per thread and stride). D is summed by the tensor cores in the portable main kernel's k
+// order (m16n8k16 steps of 16 columns from a zero accumulator), as the diagonal of O dOᵀ: where a
+// row saw one key, O is that key's V row and D is dP bit for bit, so dS = P ∘ (dP − D) is exactly
+// 0 as it should be (a sum in another order leaves an ulp of D, which a long query range adds up
+// in dK; the Hopper backward's wgmma dP matched it on an H100, which PTX does not promise). O and
+// dO reach the fragments through swizzled shared slabs of 64 columns (load_tile), two slabs in
+// flight: all of a row at D ≤ 128, two rounds at 256.
+struct BwdPreprocessTile {  // load_tile's view of a 64 × 64 slab copied by the whole block
+  static constexpr int kHeadDim = 64, kChunks = 8, kThreads = 128, kRows = 64, kSlabsInFlight = 2;
+  static constexpr int kSlabElems = kRows * kHeadDim;
+  static FX_HOST_DEVICE int slabs(int head_dim) { return (head_dim + kHeadDim - 1) / kHeadDim; }
+  // dynamic shared memory: O's and dO's slabs of one round
+  static FX_HOST_DEVICE int smem_bytes(int head_dim, int elem_bytes) {
+    return 2 * (slabs(head_dim) < kSlabsInFlight ? slabs(head_dim) : kSlabsInFlight) * kSlabElems * elem_bytes;
+  }
+};
+
 template <typename T>
-__global__ void __launch_bounds__(256) flash_bwd_preprocess(const FlashBwdParams p, const BwdWorkspace w) {
+__global__ void __launch_bounds__(BwdPreprocessTile::kThreads) flash_bwd_preprocess(const FlashBwdParams p,
+                                                                                    const BwdWorkspace w) {
+  using Tile = BwdPreprocessTile;
+  extern __shared__ __align__(128) unsigned char preprocess_smem[];
+  T* const slabs = reinterpret_cast<T*>(preprocess_smem);  // [slab of the round][O, dO][64 × 64]
   const int64_t threads = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < w.dq_accum_floats / 4; i += threads) {
     reinterpret_cast<float4*>(w.dq_accum)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  const int lanes = bwd_preprocess_lanes(p.head_dim), lane = threadIdx.x % 32, sub = lane % lanes;
-  const int64_t pair = (int64_t(blockIdx.x) * 8 + threadIdx.x / 32) * (32 / lanes) + lane / lanes;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t rows = varlen ? p.total_q : int64_t(p.batch) * p.seqlen_q;
-  const bool valid = pair < rows * p.heads;  // (no early return: every lane joins the shuffles)
-  const int head = int(pair % p.heads);
-  const int64_t row_all = pair / p.heads;  // dense: b · Sq + row
-  const int64_t batch = varlen ? 0 : row_all / p.seqlen_q;
-  const int64_t row = varlen ? row_all : row_all % p.seqlen_q;
-  const int64_t at = batch * p.lse_batch_stride + head * p.lse_head_stride + row;
-  float sum = 0.0f, lse = 0.0f;
-  if (valid) {
-    if (sub == 0) lse = p.lse[at];
-    const T* o = static_cast<const T*>(p.o) + batch * p.o_batch_stride + row * p.o_row_stride + head * p.o_head_stride;
-    const T* d_o =
-        static_cast<const T*>(p.dout) + batch * p.do_batch_stride + row * p.do_row_stride + head * p.do_head_stride;
-    for (int c = sub; c * 8 < p.head_dim; c += lanes) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(o + c * 8);
-      const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c * 8);
-      const T* oe = reinterpret_cast<const T*>(&ov);
-      const T* de = reinterpret_cast<const T*>(&dv);
+  const int64_t rows = varlen ? p.total_q : p.seqlen_q;  // per batch entry (varlen: one of all rows)
+  const int64_t row_blocks = (rows + Tile::kRows - 1) / Tile::kRows;
+  const int head = int(blockIdx.x % p.heads);
+  const int64_t batch = blockIdx.x / p.heads / row_blocks, row0 = blockIdx.x / p.heads % row_blocks * Tile::kRows;
+  const int rows_left = int(min(rows - row0, int64_t(Tile::kRows)));
+  const T* o = static_cast<const T*>(p.o) + batch * p.o_batch_stride + row0 * p.o_row_stride + head * p.o_head_stride;
+  const T* d_o =
+      static_cast<const T*>(p.dout) + batch * p.do_batch_stride + row0 * p.do_row_stride + head * p.do_head_stride;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int slab_count = Tile::slabs(p.head_dim);
+  float c[2][4] = {};  // this warp's O dOᵀ: its rows 0-15 against its dO rows 0-7, then 8-15
+  for (int first = 0; first < slab_count; first += Tile::kSlabsInFlight) {
+    const int round = min(slab_count - first, Tile::kSlabsInFlight);
+    if (first > 0) __syncthreads();  // (every warp's reads of the previous round are done)
+    for (int s = 0; s < round; ++s) {
+      const int col0 = (first + s) * Tile::kHeadDim, width = min(p.head_dim - col0, Tile::kHeadDim);
+      load_tile<Tile, Tile::kRows>(slabs + (2 * s) * Tile::kSlabElems, o + col0, p.o_row_stride, rows_left, width);
+      load_tile<Tile, Tile::kRows>(slabs + (2 * s + 1) * Tile::kSlabElems, d_o + col0, p.do_row_stride, rows_left,
+                                   width);
+    }
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+    for (int s = 0; s < round; ++s) {
+      const int col0 = (first + s) * Tile::kHeadDim;
+      const uint32_t tile_o = ptx::smem_addr(slabs + (2 * s) * Tile::kSlabElems);
+      const uint32_t tile_do = ptx::smem_addr(slabs + (2 * s + 1) * Tile::kSlabElems);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
+      for (int kk = 0; kk < Tile::kHeadDim / 16; ++kk) {
+        if (col0 + 16 * kk >= p.head_dim) break;
+        // A = O rows 0-15 (matrices: rows 0-7 / 8-15 × k 0-7, then k 8-15); B = dO rows as columns
+        // (matrices: rows 0-7 × k 0-7 / 8-15, then rows 8-15)
+        uint32_t a[4], b[4];
+        ptx::ldmatrix_x4(a, tile_o + 2 * swizzled<Tile::kHeadDim>(16 * warp + lane % 16, 2 * kk + lane / 16));
+        ptx::ldmatrix_x4(b, tile_do + 2 * swizzled<Tile::kHeadDim>(16 * warp + lane / 16 * 8 + lane % 8,
+                                                                   2 * kk + lane / 8 % 2));
+        ptx::mma_16816<T>(c[0], a, b[0], b[1]);
+        ptx::mma_16816<T>(c[1], a, b[2], b[3]);
+      }
     }
   }
-  for (int offset = lanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (valid && sub == 0) {
+  // The diagonal: row group (tile 0, column group) and row group + 8 (tile 1, column group) sit
+  // in the lane whose columns 2 quad, 2 quad + 1 hold group.
+  const int group = lane / 4, quad = lane % 4;
+  if (quad != group / 2) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + 16 * warp + group + 8 * r;
+    if (row >= rows) continue;
+    const float sum = group % 2 ? c[r][2 * r + 1] : c[r][2 * r];
+    const int64_t lse_at = batch * p.lse_batch_stride + head * p.lse_head_stride + row;
+    const float lse = p.lse[lse_at];
     const int64_t stat = batch * w.stats_batch_stride + head * w.stats_head_stride + row;
     // A used lse adds dlse · P to dS = P ∘ (dP − D): the same as D − dlse in place of D.
-    w.dsum[stat] = p.dlse != nullptr ? sum - p.dlse[at] : sum;
+    w.dsum[stat] = p.dlse != nullptr ? sum - p.dlse[lse_at] : sum;
     w.lse2[stat] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
 }
@@ -773,8 +810,13 @@ cudaError_t launch_bwd_preprocess(const FlashBwdParams& p, const BwdWorkspace& w
   if (p.deterministic) {
     FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count(p)) * 4, stream));
   }
-  const int64_t pairs_per_block = 8 * (32 / bwd_preprocess_lanes(p.head_dim));
-  flash_bwd_preprocess<T><<<unsigned((pairs + pairs_per_block - 1) / pairs_per_block), 256, 0, stream>>>(p, w);
+  // a block per 64 rows of a head (of a batch entry, or of all rows when varlen)
+  using Tile = BwdPreprocessTile;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t rows = varlen ? p.total_q : p.seqlen_q;
+  const int64_t blocks = (rows + Tile::kRows - 1) / Tile::kRows * p.heads * (varlen ? 1 : p.batch);
+  flash_bwd_preprocess<T><<<unsigned(blocks), Tile::kThreads, Tile::smem_bytes(p.head_dim, sizeof(T)), stream>>>(
+      p, w);
   return cudaGetLastError();
 }
 
