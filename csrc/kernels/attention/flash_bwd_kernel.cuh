@@ -236,9 +236,9 @@ size_t bwd_workspace_bytes(const FlashBwdParams& p) {
 // order (m16n8k16 steps of 16 columns from a zero accumulator), as the diagonal of O dOᵀ: where a
 // row saw one key, O is that key's V row and D is dP bit for bit, so dS = P ∘ (dP − D) is exactly
 // 0 as it should be (a sum in another order leaves an ulp of D, which a long query range adds up
-// in dK; the Hopper backward's wgmma dP matched it on an H100, which PTX does not promise). O and
-// dO reach the fragments through swizzled shared slabs of 64 columns (load_tile), two slabs in
-// flight: all of a row at D ≤ 128, two rounds at 256.
+// in dK; the Hopper backward's wgmma dP matched it on the H100 and H200, which PTX does not
+// promise). O and dO reach the fragments through swizzled shared slabs of 64 columns
+// (load_tile), two slabs in flight: all of a row at D ≤ 128, two rounds at 256.
 struct BwdPreprocessTile {  // load_tile's view of a 64 × 64 slab copied by the whole block
   static constexpr int kHeadDim = 64, kChunks = 8, kThreads = 128, kRows = 64, kSlabsInFlight = 2;
   static constexpr int kSlabElems = kRows * kHeadDim;
