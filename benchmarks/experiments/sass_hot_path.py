@@ -132,8 +132,9 @@ def main():
         path = tile_path(code) if "--tile" in sys.argv else hot_path(code)
         kinds = Counter(opcode(i) for _, i in path)
         fp, hgmma = sum(kinds[k] for k in FP), kinds["HGMMA"]
-        config = re.search(r"(Sm90\w*?Config)((?:ILi|Li)(\d+)E)+", name)
-        numbers = re.findall(r"Li(\d+)E", config.group(0)) if config else []
+        config = re.search(r"(Sm90\w*?Config)((?:ILi|Li)(\d+)E|Lb[01]E)+", name)
+        numbers = re.findall(r"Li(\d+)E|Lb([01])E", config.group(0)) if config else []
+        numbers = [n or ("true" if b == "1" else "false") for n, b in numbers]
         label = f"{config.group(1)}<{', '.join(numbers)}>" if config else name
         dtype = "bf16" if "bfloat16" in name else "fp16" if "half" in name else ""
         print(f"{dtype} {label}: {len(path)} instructions "
