@@ -242,10 +242,20 @@ size_t bwd_workspace_bytes(const FlashBwdParams& p) {
 struct BwdPreprocessTile {  // load_tile's view of a 64 × 64 slab copied by the whole block
   static constexpr int kHeadDim = 64, kChunks = 8, kThreads = 128, kRows = 64, kSlabsInFlight = 2;
   static constexpr int kSlabElems = kRows * kHeadDim;
-  static FX_HOST_DEVICE int slabs(int head_dim) { return (head_dim + kHeadDim - 1) / kHeadDim; }
+  static FX_HOST_DEVICE int slab_count(int head_dim) { return (head_dim + kHeadDim - 1) / kHeadDim; }
   // dynamic shared memory: O's and dO's slabs of one round
   static FX_HOST_DEVICE int smem_bytes(int head_dim, int elem_bytes) {
-    return 2 * (slabs(head_dim) < kSlabsInFlight ? slabs(head_dim) : kSlabsInFlight) * kSlabElems * elem_bytes;
+    const int slabs = slab_count(head_dim);
+    return 2 * (slabs < kSlabsInFlight ? slabs : kSlabsInFlight) * kSlabElems * elem_bytes;
+  }
+  // The rows a block's index counts in: a batch entry's (dense), or all of them (varlen, one entry)
+  static FX_HOST_DEVICE int64_t rows(const FlashBwdParams& p) {
+    return p.cu_seqlens_q != nullptr ? p.total_q : p.seqlen_q;
+  }
+  static FX_HOST_DEVICE int64_t row_blocks(const FlashBwdParams& p) { return (rows(p) + kRows - 1) / kRows; }
+  // the grid: a block per kRows rows of a head
+  static FX_HOST_DEVICE int64_t blocks(const FlashBwdParams& p) {
+    return row_blocks(p) * p.heads * (p.cu_seqlens_q != nullptr ? 1 : p.batch);
   }
 };
 
@@ -259,9 +269,7 @@ __global__ void __launch_bounds__(BwdPreprocessTile::kThreads) flash_bwd_preproc
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < w.dq_accum_floats / 4; i += threads) {
     reinterpret_cast<float4*>(w.dq_accum)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t rows = varlen ? p.total_q : p.seqlen_q;  // per batch entry (varlen: one of all rows)
-  const int64_t row_blocks = (rows + Tile::kRows - 1) / Tile::kRows;
+  const int64_t rows = Tile::rows(p), row_blocks = Tile::row_blocks(p);
   const int head = int(blockIdx.x % p.heads);
   const int64_t batch = blockIdx.x / p.heads / row_blocks, row0 = blockIdx.x / p.heads % row_blocks * Tile::kRows;
   const int rows_left = int(min(rows - row0, int64_t(Tile::kRows)));
@@ -269,7 +277,7 @@ __global__ void __launch_bounds__(BwdPreprocessTile::kThreads) flash_bwd_preproc
   const T* d_o =
       static_cast<const T*>(p.dout) + batch * p.do_batch_stride + row0 * p.do_row_stride + head * p.do_head_stride;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int slab_count = Tile::slabs(p.head_dim);
+  const int slab_count = Tile::slab_count(p.head_dim);
   float c[2][4] = {};  // this warp's O dOᵀ: its rows 0-15 against its dO rows 0-7, then 8-15
   for (int first = 0; first < slab_count; first += Tile::kSlabsInFlight) {
     const int round = min(slab_count - first, Tile::kSlabsInFlight);
@@ -810,13 +818,9 @@ cudaError_t launch_bwd_preprocess(const FlashBwdParams& p, const BwdWorkspace& w
   if (p.deterministic) {
     FX_RETURN_IF_ERROR(cudaMemsetAsync(w.dq_counters, 0, size_t(bwd_counter_count(p)) * 4, stream));
   }
-  // a block per 64 rows of a head (of a batch entry, or of all rows when varlen)
   using Tile = BwdPreprocessTile;
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t rows = varlen ? p.total_q : p.seqlen_q;
-  const int64_t blocks = (rows + Tile::kRows - 1) / Tile::kRows * p.heads * (varlen ? 1 : p.batch);
-  flash_bwd_preprocess<T><<<unsigned(blocks), Tile::kThreads, Tile::smem_bytes(p.head_dim, sizeof(T)), stream>>>(
-      p, w);
+  flash_bwd_preprocess<T>
+      <<<unsigned(Tile::blocks(p)), Tile::kThreads, Tile::smem_bytes(p.head_dim, sizeof(T)), stream>>>(p, w);
   return cudaGetLastError();
 }
 
