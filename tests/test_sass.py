@@ -29,9 +29,10 @@ def sass() -> dict[str, list[str]]:
 def test_hopper_kernels_use_wgmma_and_no_local_memory(sass):
     forward = {name: code for name, code in sass.items() if "flash_fwd_sm90_kernel" in name}
     backward = {name: code for name, code in sass.items() if "flash_bwd_sm90_kernel" in name}
-    # fp16 and bf16 of each config: the forward's five (D = 64 on 192- and 128-row blocks, 128, 256
-    # on 64- and 80-key blocks), the backward's four (D = 64 and 128, dense and general)
-    assert len(forward) == 10 and len(backward) == 8, sorted(sass)
+    # fp16 and bf16 of each config: the forward's six (D = 64 on 192-row blocks, long and short
+    # tiles, and on 128-row blocks, 128, 256 on 64- and 80-key blocks), the backward's four (D = 64
+    # and 128, dense and general)
+    assert len(forward) == 12 and len(backward) == 8, sorted(sass)
     for name, code in {**forward, **backward}.items():
         assert any(re.search(r"\bHGMMA\b", i) for i in code), f"{name}: no HGMMA"
         local = [i for i in code if re.search(r"\b(LDL|STL)\b", i)]

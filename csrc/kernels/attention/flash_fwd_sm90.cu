@@ -72,7 +72,8 @@ namespace attention_detail {
 namespace {
 
 // Tiles per head dim (the table above). A tile of R rows is D / 64 slabs of R × 128 bytes.
-template <int kHeadDim_, int kBlockN_ = (kHeadDim_ <= 128 ? 128 : 64), int kBlockM_ = (kHeadDim_ == 64 ? 192 : 128)>
+template <int kHeadDim_, int kBlockN_ = (kHeadDim_ <= 128 ? 128 : 64), int kBlockM_ = (kHeadDim_ == 64 ? 192 : 128),
+          bool kShortTiles_ = (kHeadDim_ == 64 && kBlockM_ == 128)>
 struct Sm90FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -115,11 +116,22 @@ struct Sm90FwdConfig {
   static constexpr bool kOInStage = kTileBytesO == 0;
   static_assert(!kOInStage || (kConsumers == 2 && 64 * kHeadDim * 2 <= kTileBytesKV),
                 "O in a stage: two consumer warpgroups, 64 rows each within a stage");
+  // The short-tile form, for D = 64's short tiles only: the 128-row kernel (causal and windowed
+  // calls under 4K visible keys: tiles of at most 32 key blocks, most of them a few) and a 192-row
+  // kernel for unmasked dense calls under 2K keys. The shared memory taken at its declared 1024-byte
+  // alignment, the approximate reciprocal and log2 of the epilogue, the producer's suspended
+  // waits, and (128 rows: the 192-row kernel's 160 registers spill with it) the right diagonal's
+  // one comparison per two scores. They pay where a tile has few key blocks; elsewhere they cost
+  // (docs/notes/attention.md, "The short-tile form").
+  static constexpr bool kShortTiles = kShortTiles_;
+  static constexpr int kAlignSlack = kShortTiles ? 0 : 1024;
   // Two Q buffers where they fit (the next tile's Q lands during this tile's last blocks), else one
   static constexpr int kQStages =
-      2 * kTileBytesQ + 2 * kStages * kTileBytesKV + kTileBytesO + 1024 + 256 <= 227 * 1024 ? 2 : 1;
-  // Q, the K and V stages, O, 1024 bytes of alignment slack, the barriers
-  static constexpr int kSmemBytes = kQStages * kTileBytesQ + 2 * kStages * kTileBytesKV + kTileBytesO + 1024 + 256;
+      2 * kTileBytesQ + 2 * kStages * kTileBytesKV + kTileBytesO + kAlignSlack + 256 <= 227 * 1024 ? 2 : 1;
+  // Q, the K and V stages, O, the alignment slack (where the base is rounded up at run time), the
+  // barriers
+  static constexpr int kSmemBytes =
+      kQStages * kTileBytesQ + 2 * kStages * kTileBytesKV + kTileBytesO + kAlignSlack + 256;
   static_assert(kHeadDim % 64 == 0 && kSmemBytes <= 227 * 1024, "tiles must fit shared memory");
 };
 
@@ -177,11 +189,19 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   constexpr int kStages = Config::kStages, kSlabs = Config::kSlabs;
   constexpr int kTileBytesQ = Config::kTileBytesQ, kTileBytesKV = Config::kTileBytesKV;
   constexpr int kQStages = Config::kQStages;
-  extern __shared__ unsigned char smem_raw[];
   // 1024-byte aligned tiles (the swizzle atom): Q buffers, then K stages, V stages, the O tile (D ≤ 128), then
-  // barriers.
-  const uint32_t raw = sm90::smem_addr(smem_raw);
-  unsigned char* base = smem_raw + ((1024 - raw % 1024) % 1024);
+  // barriers. The short-tile kernel declares the alignment (the dynamic shared memory then starts
+  // at a multiple of 1024 bytes, and every address below is a constant offset); the others round
+  // the base up at run time.
+  unsigned char* base;
+  if constexpr (Config::kShortTiles) {
+    extern __shared__ __align__(1024) unsigned char smem_aligned[];
+    base = smem_aligned;
+  } else {
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t raw = sm90::smem_addr(smem_raw);
+    base = smem_raw + ((1024 - raw % 1024) % 1024);
+  }
   T* smem_q = reinterpret_cast<T*>(base);
   T* smem_k = reinterpret_cast<T*>(base + kQStages * kTileBytesQ);
   T* smem_v = reinterpret_cast<T*>(base + kQStages * kTileBytesQ + kStages * kTileBytesKV);
@@ -250,12 +270,19 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if (threadIdx.x == 0) {
       // Q loads and K / V blocks counted over every tile of this CTA: a stage's use g waits for
       // the release of its use g − stages (the empty barrier's phase g / stages − 1).
+      const auto producer_wait = [](uint64_t* bar, uint32_t phase) {
+        if constexpr (Config::kShortTiles) {
+          sm90::mbarrier_wait_suspended(bar, phase);
+        } else {
+          sm90::mbarrier_wait(bar, phase);
+        }
+      };
       int q_uses = 0, kv_uses = 0;
       for (int t = blockIdx.x; t < walk.loop_tiles; t += walk.grid) {
         const Tile x = tile_at(t);
         if (x.num_n_blocks == 0) continue;  // nothing to load: the consumers write zeros
         const int qs = q_uses % kQStages;
-        if (q_uses >= kQStages) sm90::mbarrier_wait(&q_empty[qs], ((q_uses / kQStages) & 1) ^ 1);
+        if (q_uses >= kQStages) producer_wait(&q_empty[qs], ((q_uses / kQStages) & 1) ^ 1);
         sm90::mbarrier_arrive_expect_tx(&q_full[qs], kTileBytesQ);
         for (int slab = 0; slab < kSlabs; ++slab) {
           sm90::tma_load_4d(reinterpret_cast<unsigned char*>(smem_q) + qs * kTileBytesQ + slab * Config::kSlabBytesQ,
@@ -266,7 +293,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         // release (the stage's previous user, kStages blocks earlier).
         const auto load = [&](const CUtensorMap* map, unsigned char* tiles, uint64_t* full, uint64_t* empty, int b) {
           const int g = kv_uses + b, stage = g % kStages;
-          if (g >= kStages) sm90::mbarrier_wait(&empty[stage], ((g / kStages) & 1) ^ 1);
+          if (g >= kStages) producer_wait(&empty[stage], ((g / kStages) & 1) ^ 1);
           sm90::mbarrier_arrive_expect_tx(&full[stage], kTileBytesKV);
           for (int slab = 0; slab < kSlabs; ++slab) {
             sm90::tma_load_4d(tiles + stage * kTileBytesKV + slab * Config::kSlabBytesKV, map, &full[stage], 64 * slab,
@@ -359,24 +386,41 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // are one lane quad): the new max, alpha, the exponentials in place in S and the row sums (of
   // fp32 P, as the D = 256 FA2 kernel sums them). It writes only S, so it may run while the
   // previous block's P V is in flight.
+  // The short-tile kernel's cheaper mask (below) where only the right diagonal bounds the keys.
+  const bool right_only = Config::kShortTiles && Config::kConsumers == 2 && p.window_left < 0 && p.window_right >= 0;
   const auto softmax = [&](int n_start, bool full_block) {
     if (softcap_on) {  // (a uniform branch around the loop, not one per score)
 #pragma unroll
       for (int e = 0; e < kBlockN / 2; ++e) s[e] = p.softcap * tanhf(s[e] * cap_scale);
     }
     if (!full_block) {
+      if (right_only && n_start + kBlockN <= x.seqlen_k) {
+        // Only the right diagonal crosses the block (causal): key ≥ row + diag + window_right + 1,
+        // i.e. 8 (i − r) + e ≥ lim with one lim per thread, so score i of row 0 and score i + 1
+        // of row 1 share a comparison (kBlockN / 4 + 2 of them for kBlockN / 2 scores).
+        const int lim = x.m_start + row0 + x.diag + p.window_right + 1 - n_start - 2 * quad;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = x.m_start + row0 + 8 * r;
-        const int right = p.window_right < 0 ? x.seqlen_k : min(x.seqlen_k, row + x.diag + p.window_right + 1);
-        const int left = p.window_left < 0 ? INT32_MIN : row + x.diag - p.window_left;
-#pragma unroll
-        for (int i = 0; i < kBlockN / 8; ++i)
+        for (int j = -1; j < kBlockN / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int key = n_start + 8 * i + 2 * quad + e;
-            if (key >= right || key < left) s[4 * i + 2 * r + e] = -INFINITY;
+            const bool out = 8 * j + e >= lim;
+            if (j >= 0 && out) s[4 * j + e] = -INFINITY;
+            if (j + 1 < kBlockN / 8 && out) s[4 * (j + 1) + 2 + e] = -INFINITY;
           }
+      } else {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = x.m_start + row0 + 8 * r;
+          const int right = p.window_right < 0 ? x.seqlen_k : min(x.seqlen_k, row + x.diag + p.window_right + 1);
+          const int left = p.window_left < 0 ? INT32_MIN : row + x.diag - p.window_left;
+#pragma unroll
+          for (int i = 0; i < kBlockN / 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = n_start + 8 * i + 2 * quad + e;
+              if (key >= right || key < left) s[4 * i + 2 * r + e] = -INFINITY;
+            }
+        }
       }
     }
 #pragma unroll
@@ -554,7 +598,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       float total = row_sum[r];
       total += __shfl_xor_sync(0xffffffffu, total, 1);
       total += __shfl_xor_sync(0xffffffffu, total, 2);
-      inv[r] = total > 0.0f ? 1.0f / total : 0.0f;
+      if constexpr (Config::kShortTiles) {
+        // (total ≥ 1 where a key was seen, the max's own weight being exactly 1: the approximate
+        // reciprocal is within an fp32 ulp of 1 / total, and the approximate log2 below within
+        // about 2^-22 of log2(total), absolute)
+        inv[r] = total > 0.0f ? ptx::rcp_approx(total) : 0.0f;
+      } else {
+        inv[r] = total > 0.0f ? 1.0f / total : 0.0f;
+      }
       const int row = x.m_start + row0 + 8 * r;
       if (row >= x.seqlen_q) continue;
       if (!tma_o) {
@@ -569,7 +620,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
       }
       if (p.lse != nullptr && quad == 0) {
-        p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] = row_lse({row_max[r] * score_scale, total});
+        float lse;
+        if constexpr (Config::kShortTiles) {
+          lse = total == 0.0f ? -INFINITY : (row_max[r] * score_scale + ptx::log2_approx(total)) * kLn2;
+        } else {
+          lse = row_lse({row_max[r] * score_scale, total});
+        }
+        p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] = lse;
       }
     }
     if (tma_o) {
@@ -703,8 +760,12 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
       // each); 1.43x, 1.15x and 1.08x at causal S = 512, 1K and 2K, 0.91x at 8K, where the
       // 192-row blocks' fewer K / V loads per row win (A/B at 480322e). Varlen calls without a
       // mask keep 192 rows (their only masked blocks are sequence ends).
-      case 64: return !diagonal || visible_keys(p) >= 4096 ? launch<T, Sm90FwdConfig<64>>(p, stream)
-                                                           : launch<T, Sm90FwdConfig<64, 128, 128>>(p, stream);
+      // Unmasked dense ones under 2K keys: the 192-row kernel's short-tile form
+      // (Sm90FwdConfig::kShortTiles).
+      case 64:
+        if (diagonal && visible_keys(p) < 4096) return launch<T, Sm90FwdConfig<64, 128, 128>>(p, stream);
+        return unmasked && p.seqlen_k < 2048 ? launch<T, Sm90FwdConfig<64, 128, 192, true>>(p, stream)
+                                             : launch<T, Sm90FwdConfig<64>>(p, stream);
       case 128: return launch<T, Sm90FwdConfig<128>>(p, stream);
       default:  // (80-key blocks take D = 256 itself only: Sm90FwdConfig::kNarrowHeadDims)
         return unmasked && p.head_dim == 256 ? launch<T, Sm90FwdConfig<256, 80>>(p, stream)

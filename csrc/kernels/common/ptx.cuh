@@ -145,5 +145,13 @@ FX_DEVICE float rcp_approx(float x) {
   return y;
 }
 
+// PTX ISA §9.7.3.21 lg2.approx.ftz.f32: log2(x) in one MUFU op (an absolute error of about 2^-22,
+// not a relative one: near x = 1 that is many ulps of the result).
+FX_DEVICE float log2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 }  // namespace ptx
 }  // namespace flashext

@@ -81,6 +81,28 @@ FX_DEVICE void mbarrier_wait(uint64_t* bar, uint32_t phase) {
 #endif
 }
 
+// mbarrier_wait for a producer, which waits far ahead of its consumers for a stage's release: a
+// thread that finds the phase open is suspended until the barrier completes it (at most
+// kWaitSuspendNs, then it asks again) instead of polling, whose issued instructions are taken from
+// the consumer warps of its SM sub-partition. The consumers keep mbarrier_wait: their data is
+// mostly there, and polling wakes a late one soonest.
+inline constexpr uint32_t kWaitSuspendNs = 10'000'000;
+FX_DEVICE void mbarrier_wait_suspended(uint64_t* bar, uint32_t phase) {
+#if FX_SM90_ENABLED
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_loop:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
+      "@!done bra wait_loop;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(phase), "n"(kWaitSuspendNs)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
 // ---- TMA (PTX ISA §9.7.9.25 cp.async.bulk.tensor) -------------------------------------------
 // A 2-D box of the tensor `map` describes (a CUtensorMap in global, constant or parameter memory)
 // at (col, row) in elements, into shared memory at dst, completing on `bar` (which must expect the
