@@ -40,7 +40,8 @@
 // FlashAttention-3 does there); at D = 128 and 256 the GEMMs dominate and two suffice, and at
 // D = 128 they take turns issuing them (kPingPong: one's softmax runs under the other's GEMMs).
 // Causal and windowed calls at D = 64 whose rows see under 4K keys take 128-row blocks on two (a
-// third less masked work on the diagonal blocks).
+// third less masked work on the diagonal blocks). Those, and unmasked dense D = 64 calls under 2K
+// keys (192 rows), run the short-tile form (Sm90FwdConfig::kShortTiles).
 //
 // Varlen: the TMA maps span the packed rows (batch dim 1) and a sequence's tiles start at its
 // first row, so a tile's rows past the sequence belong to the next one (or are zero past the
