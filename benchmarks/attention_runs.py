@@ -1,9 +1,10 @@
 """Gathers several runs of benchmarks/bench_attention.py (one section: train or fwd) or
 benchmarks/bench_decode.py (section decode) into the per-point medians a bar inside run-to-run
 noise is judged on: for every point, flashext's ratio time(anchor) / time(flashext) in each run and
-its median over the runs; then the worst and median of those medians over the bar's points
-(attention: S >= 1024, both dtypes, causal and not, D = 64 and 128 unless --head-dims says
-otherwise; decode: every point).
+its median over the runs, and flashext's own rate (TFLOP/s, or GB/s for decode) as the median over
+the runs; then the worst and median of those medians over the bar's points (attention: S >= 1024,
+both dtypes, causal and not, D = 64 and 128 unless --head-dims says otherwise; decode: every
+point). The dense matmul rows of forward runs are kept as each dtype's median TFLOP/s.
 
     python benchmarks/attention_runs.py OUT.json RUN.json RUN.json RUN.json [--anchor sdpa_cudnn] [--section train]
                                         [--head-dims 64,128,256]
@@ -26,6 +27,8 @@ from benchmarks.compare_ab import key, point_fields  # noqa: E402
 
 # what a section times, per row: the train section both passes, the forward section one
 METRICS = {"train": ("fwd_bwd_ms", "bwd_ms"), "fwd": ("ms",), "decode": ("ms",)}
+# flashext's own rate per row, beside the times (the README's TFLOP/s and GB/s)
+RATES = {"train": ("fwd_bwd_tflops", "bwd_tflops"), "fwd": ("tflops",), "decode": ("gbps",)}
 
 
 def in_bar(section: str, entry: dict, head_dims, min_seqlen) -> bool:
@@ -59,7 +62,18 @@ def gather(runs: list[dict], anchor: str, section: str | None = None, head_dims=
         for metric in METRICS[section]:
             ratios = [theirs[metric] / ours[metric] for ours, theirs in cells]
             entry[metric] = {"runs": ratios, "median": statistics.median(ratios)}
+        rates = {rate: statistics.median(ours[rate] for ours, _ in cells)
+                 for rate in RATES[section] if all(rate in ours for ours, _ in cells)}
+        if rates:
+            entry["flashext"] = rates
         out["points"].append(entry)
+    matmul: dict[str, list[float]] = {}
+    for run in runs:
+        for row in run["rows"]:
+            if row["section"] == "matmul" and "tflops" in row:
+                matmul.setdefault(row["dtype"], []).append(row["tflops"])
+    if matmul:
+        out["matmul_tflops"] = {dtype: statistics.median(values) for dtype, values in sorted(matmul.items())}
     bar_points = [p for p in out["points"] if in_bar(section, p, head_dims, min_seqlen)]
     for metric in METRICS[section]:
         medians = [p[metric]["median"] for p in bar_points]

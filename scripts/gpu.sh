@@ -33,7 +33,7 @@
 #   FLASHEXT_PYTEST_ARGS="-k gelu"  extra pytest arguments;  BENCH_ARGS="--quick" for bench_gelu
 #   BENCH_RUNS=3  bench_attention's / bench_decode's runs (run i in $OUT/attention_run<i> or decode_run<i>;
 #             benchmarks/attention_runs.py gathers their per-point medians into $OUT/attention_runs.json and
-#             _sdpa_flash.json for BENCH_ATTENTION_ARGS="--only fwd", attention_train_runs.json for "--only train"
+#             _sdpa_flash.json for BENCH_ATTENTION_ARGS="--only fwd", attention_train_runs.json and _sdpa_flash.json for "--only train"
 #             (one of the two: a run of several sections is refused), decode_runs.json; unset or 1: one run in $OUT
 #   TRAIN_GPT_RUNS=3  train_gpt's runs (each eager and compiled, in $OUT/train_gpt_run<i>; gathered by
 #             benchmarks/train_gpt_runs.py into $OUT/train_gpt_runs.json, the median run copied to $OUT);
@@ -282,8 +282,8 @@ bench_runs() {  # bench_runs attention|decode [ARGS...]: bench_<name>.py BENCH_R
   local files=()
   for i in $(seq 1 "$runs"); do files+=("$OUT/${name}_run$i/$file"); done
   $PY benchmarks/attention_runs.py "$out" "${files[@]}" --section "$section" "${dims[@]}" || return 1
-  if [ "$section" = fwd ]; then
-    $PY benchmarks/attention_runs.py "${out%.json}_sdpa_flash.json" "${files[@]}" --section fwd "${dims[@]}" \
+  if [ "$section" != decode ]; then
+    $PY benchmarks/attention_runs.py "${out%.json}_sdpa_flash.json" "${files[@]}" --section "$section" "${dims[@]}" \
       --anchor sdpa_flash || echo "bench_runs: no SDPA flash column to gather"
   fi
   return 0

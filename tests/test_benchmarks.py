@@ -69,7 +69,8 @@ def test_attention_runs_medians_per_point():
 
     def run(times, invalid=()):
         rows = [{"section": "train", "dtype": "bf16", "head_dim": d, "causal": False, "seqlen": s,
-                 "flashext": {"fwd_bwd_ms": 1.0, "bwd_ms": 1.0, "valid": (d, s) not in invalid},
+                 "flashext": {"fwd_bwd_ms": 1.0, "bwd_ms": 1.0, "fwd_bwd_tflops": 100 * t, "bwd_tflops": 50 * t,
+                              "valid": (d, s) not in invalid},
                  "sdpa_cudnn": {"fwd_bwd_ms": t, "bwd_ms": 2 * t}}
                 for (d, s), t in times.items()]
         return {"meta": {"commit": "abc"}, "rows": rows}
@@ -81,6 +82,9 @@ def test_attention_runs_medians_per_point():
     assert out["section"] == "train" and [r["commit"] for r in out["runs"]] == ["abc"] * 3
     assert [(p["head_dim"], p["seqlen"]) for p in out["points"]] == [(64, 512), (64, 1024), (128, 1024), (128, 4096)]
     assert out["points"][1]["fwd_bwd_ms"] == {"runs": [0.9, 1.0, 1.4], "median": 1.0}
+    # flashext's own rates: the median over the runs (here 100 and 50 times the anchor's time)
+    assert out["points"][1]["flashext"] == {"fwd_bwd_tflops": 100.0, "bwd_tflops": 50.0}
+    assert "matmul_tflops" not in out
     bar = out["bar"]["fwd_bwd_ms"]
     assert bar["points"] == 3 and bar["worst"] == 1.0 and bar["median"] == 1.2
     assert bar["worst_point"]["seqlen"] == 1024 and bar["worst_point"]["head_dim"] == 64
@@ -103,7 +107,11 @@ def test_attention_runs_decode_points():
         rows.append({"section": "paged", "dtype": "bf16", "batch": 32, "seqlen": 4096, "flashext": {"ms": 9.0}})
         return {"meta": {}, "rows": rows}
 
-    out = gather([run(0.9, 2.0), run(1.0, 1.0), run(0.95, 3.0)], "sdpa_cudnn", "decode")
+    runs = [run(0.9, 2.0), run(1.0, 1.0), run(0.95, 3.0)]
+    for i, r in enumerate(runs):  # a forward run's dense matmul rows are gathered, whatever the section
+        r["rows"].append({"section": "matmul", "dtype": "bf16", "tflops": 600.0 + 10 * i})
+    out = gather(runs, "sdpa_cudnn", "decode")
+    assert out["matmul_tflops"] == {"bf16": 610.0}
     assert [(p["batch"], p["ms"]["median"]) for p in out["points"]] == [(1, 2.0), (32, 0.95)]
     assert out["bar"]["ms"]["points"] == 2 and out["bar"]["ms"]["worst"] == 0.95
     assert out["bar"]["ms"]["worst_point"] == {"dtype": "bf16", "batch": 32, "seqlen": 4096}
