@@ -368,6 +368,49 @@ TEST(Sm90Primitives, BulkReduceAddFromManyBlocks) {
   }
 }
 
+// Thread 32 (the producer) hands thread 0 one value a round through a shared slot and two
+// mbarriers of one arrival each: it writes round r's value once `empty` has completed phase
+// r − 1, waiting as the attention producers do (suspended), and thread 0 reads it once `full`
+// has completed phase r. A wait that returned before its phase would overwrite a slot not yet
+// read (thread 0 would see a value twice and miss one); one that never returned would hang.
+__global__ void suspended_wait_kernel(int* out, int rounds) {
+  namespace sm90 = flashext::sm90;
+  __shared__ uint64_t full, empty;
+  __shared__ int slot;
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(&full, 1);
+    sm90::mbarrier_init(&empty, 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 32) {
+    for (int r = 0; r < rounds; ++r) {
+      if (r > 0) sm90::mbarrier_wait_suspended(&empty, (r - 1) & 1);
+      slot = 3 * r + 1;
+      sm90::mbarrier_arrive(&full);
+    }
+  } else if (threadIdx.x == 0) {
+    for (int r = 0; r < rounds; ++r) {
+      sm90::mbarrier_wait(&full, r & 1);
+      out[r] = slot;
+      if (r % 5 == 0) __nanosleep(2000);  // the producer finds the slot taken, and is suspended
+      sm90::mbarrier_arrive(&empty);
+    }
+  }
+}
+
+TEST(Sm90Primitives, SuspendedWaitReturnsOncePerPhase) {
+  FX_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 GPU and a build with sm_90a code";
+  constexpr int kRounds = 257;
+  DeviceBuffer out(sizeof(int) * kRounds);
+  ASSERT_EQ(cudaMemset(out.get(), 0xff, sizeof(int) * kRounds), cudaSuccess);  // poisoned
+  suspended_wait_kernel<<<1, 64>>>(out.at<int>(), kRounds);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = flashext_test::download<int>(out.get(), kRounds);
+  for (int r = 0; r < kRounds; ++r) ASSERT_EQ(got[r], 3 * r + 1) << "round " << r;
+}
+
 // The attention maps' host side (no GPU needed): strides pass in bytes as the tensor has them,
 // except a dim of size 1, whose stride addresses nothing and may be any value (torch leaves it so),
 // which takes the dense stride of the dims inside it, so that every stride stays a multiple of 16

@@ -194,6 +194,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // barriers. The short-tile kernel declares the alignment (the dynamic shared memory then starts
   // at a multiple of 1024 bytes, and every address below is a constant offset); the others round
   // the base up at run time.
+  // (No static __shared__ in this kernel: it would come first and move the dynamic base off the
+  // declared alignment.)
   unsigned char* base;
   if constexpr (Config::kShortTiles) {
     extern __shared__ __align__(1024) unsigned char smem_aligned[];
@@ -758,13 +760,13 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
     switch (kernel_head_dim) {
       // Causal and windowed calls at D = 64 whose rows see fewer than 4K keys: 128-row blocks of
       // two consumer warpgroups (a third less masked work on the diagonal blocks, 240 registers
-      // each); 1.43x, 1.15x and 1.08x at causal S = 512, 1K and 2K, 0.91x at 8K, where the
-      // 192-row blocks' fewer K / V loads per row win (A/B at 480322e). Varlen calls without a
-      // mask keep 192 rows (their only masked blocks are sequence ends).
-      // Unmasked dense ones under 2K keys: the 192-row kernel's short-tile form
-      // (Sm90FwdConfig::kShortTiles).
+      // each); from 4K keys the 192-row blocks' fewer K / V loads per row win. Varlen calls
+      // without a mask keep 192 rows (their only masked blocks are sequence ends). Unmasked dense
+      // calls under 2K keys (tiles of at most 16 key blocks) take the 192-row kernel's short-tile
+      // form (Sm90FwdConfig::kShortTiles). The measurements behind both thresholds are in
+      // docs/notes/attention.md.
       case 64:
-        if (diagonal && visible_keys(p) < 4096) return launch<T, Sm90FwdConfig<64, 128, 128>>(p, stream);
+        if (diagonal && visible_keys(p) < 4096) return launch<T, Sm90FwdConfig<64, 128, 128, true>>(p, stream);
         return unmasked && p.seqlen_k < 2048 ? launch<T, Sm90FwdConfig<64, 128, 192, true>>(p, stream)
                                              : launch<T, Sm90FwdConfig<64>>(p, stream);
       case 128: return launch<T, Sm90FwdConfig<128>>(p, stream);
