@@ -55,6 +55,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../common/device.h"
 #include "../common/online_softmax.h"
@@ -176,6 +177,11 @@ __device__ __forceinline__ float row_max_tree(const float (&s)[kCount], int r) {
     return fmaxf(row_max_tree<kLo, kN / 2>(s, r), row_max_tree<kLo + kN / 2, kN - kN / 2>(s, r));
   }
 }
+
+// The short-tile epilogue's log2 for row_lse (one MUFU op)
+struct Log2Approx {
+  __device__ float operator()(float x) const { return ptx::log2_approx(x); }
+};
 
 struct Sm90Maps {
   CUtensorMap q, k, v, o;  // o: 64-row boxes, valid where store_o
@@ -603,7 +609,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       total += __shfl_xor_sync(0xffffffffu, total, 2);
       if constexpr (Config::kShortTiles) {
         // (total ≥ 1 where a key was seen, the max's own weight being exactly 1: the approximate
-        // reciprocal is within an fp32 ulp of 1 / total, and the approximate log2 below within
+        // reciprocal is within an fp32 ulp of 1 / total, and the lse's approximate log2 within
         // about 2^-22 of log2(total), absolute)
         inv[r] = total > 0.0f ? ptx::rcp_approx(total) : 0.0f;
       } else {
@@ -623,13 +629,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
       }
       if (p.lse != nullptr && quad == 0) {
-        float lse;
-        if constexpr (Config::kShortTiles) {
-          lse = total == 0.0f ? -INFINITY : (row_max[r] * score_scale + ptx::log2_approx(total)) * kLn2;
-        } else {
-          lse = row_lse({row_max[r] * score_scale, total});
-        }
-        p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] = lse;
+        using Log2 = std::conditional_t<Config::kShortTiles, Log2Approx, Log2f>;
+        p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] =
+            row_lse({row_max[r] * score_scale, total}, Log2{});
       }
     }
     if (tma_o) {

@@ -63,9 +63,17 @@ FX_HOST_DEVICE LseMerge merge_lse(float lse_a, float lse_b) {
   return {e_a / sum, e_b / sum, m + logf(sum)};
 }
 
+// log2 as row_lse takes it by default
+struct Log2f {
+  FX_HOST_DEVICE float operator()(float x) const { return log2f(x); }
+};
+
 // Natural-log log-sum-exp of a finished row from its log2-unit state; −inf for an empty row.
-FX_HOST_DEVICE float row_lse(SoftmaxState s) {
-  return s.row_sum == 0.0f ? -INFINITY : (s.row_max + log2f(s.row_sum)) * kLn2;
+// `log2` may be a cheaper one of the caller's (a kernel's lg2.approx: a row that saw a key has
+// row_sum ≥ 1, where its absolute error is what the lse keeps).
+template <typename Log2 = Log2f>
+FX_HOST_DEVICE float row_lse(SoftmaxState s, Log2 log2 = {}) {
+  return s.row_sum == 0.0f ? -INFINITY : (s.row_max + log2(s.row_sum)) * kLn2;
 }
 
 }  // namespace flashext
