@@ -382,6 +382,8 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
   done
   [ ${#names[@]} -gt 1 ] || { echo "ab: no variant left to time"; return 1; }
   local round bench=attention section=${BENCH_AB_SECTION:-fwd} anchor=sdpa_flash
+  # (SDPA flash as the compared anchor unless FLASHEXT_BENCH_IMPLS leaves it out: then cuDNN)
+  [ -n "${FLASHEXT_BENCH_IMPLS:-}" ] && [[ ",$FLASHEXT_BENCH_IMPLS," != *,sdpa_flash,* ]] && anchor=sdpa_cudnn
   [ "${FLASHEXT_AB_BENCH:-attention}" = decode ] && bench=decode section=${BENCH_AB_SECTION:-decode} anchor=sdpa_cudnn
   for round in 1 2; do
     for i in "${!names[@]}"; do
