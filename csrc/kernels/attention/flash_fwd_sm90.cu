@@ -75,7 +75,7 @@ namespace {
 
 // Tiles per head dim (the table above). A tile of R rows is D / 64 slabs of R × 128 bytes.
 template <int kHeadDim_, int kBlockN_ = (kHeadDim_ <= 128 ? 128 : 64), int kBlockM_ = (kHeadDim_ == 64 ? 192 : 128),
-          bool kShortTiles_ = (kHeadDim_ == 64 && kBlockM_ == 128)>
+          bool kShortTiles_ = false>
 struct Sm90FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
