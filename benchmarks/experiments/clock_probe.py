@@ -1,14 +1,17 @@
 """Whether the GPU's boost clock treats two attention kernels alike: each implementation runs back
-to back for a while, alone, as a benchmark's round does but long enough for the clock and the
-board's power to settle, while a thread reads NVML's SM clock, power and clock-event reasons.
+to back for a while, alone and long enough for the clock and the board's power to settle, while
+NVML's SM clock, energy counter and clock-event reasons are read. Unlike bench_attention's rounds
+(triton's do_bench: a 256 MB memset clears L2 before every call, and the GPU idles its SMs
+meanwhile), the calls here follow each other on a warm L2: this is sustained load.
 
     python benchmarks/experiments/clock_probe.py [--seconds 1.5] [--shapes bf16:128:0:4096,...]
                                                   [--impls flashext,sdpa_cudnn]
 
 A shape is dtype:head_dim:causal:seqlen on the forward grid (B · S = 16384, H · D = 2048). Each
 implementation runs twice per shape, in the order A B B A, so a slow drift of the card's
-temperature hits both alike. Printed per run: ms a call, TFLOP/s, the SM clock's median over the
-run's second half, the power's median there, TFLOP/s per GHz (what the kernel does per clock
+temperature hits both alike. Printed per run, all over the run's second half (the first lets the
+clock settle): ms a call, TFLOP/s, the SM clock's median, the mean power (energy over time),
+TFLOP/s per GHz (what the kernel does per clock
 cycle: level when the clocks alone separate two kernels), and the share of samples with the
 software power cap or a thermal slowdown active. JSON to $OUT/clock_probe.json when OUT is set.
 """
@@ -35,7 +38,7 @@ THERMAL = 0x20 | 0x40 | 0x8  # software / hardware thermal slowdown, hardware sl
 
 
 class Nvml:
-    """The three NVML reads this probe needs, through ctypes (no pynvml on the GPU machine)."""
+    """The NVML reads this probe needs, through ctypes (no pynvml on the GPU machine)."""
 
     def __init__(self, index: int = 0):
         self.lib = ctypes.CDLL("libnvidia-ml.so.1")
@@ -45,12 +48,23 @@ class Nvml:
         if self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(self.handle)) != 0:
             raise RuntimeError(f"no NVML device {index}")
 
-    def sample(self) -> tuple[int, float, int]:
-        clock, power, reasons = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
-        self.lib.nvmlDeviceGetClockInfo(self.handle, 1, ctypes.byref(clock))  # NVML_CLOCK_SM
-        self.lib.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(power))  # milliwatts
-        self.lib.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle, ctypes.byref(reasons))
-        return clock.value, power.value / 1000.0, reasons.value
+    def _read(self, name: str, *args):
+        if getattr(self.lib, name)(self.handle, *args) != 0:
+            raise RuntimeError(f"{name} failed")
+
+    def sample(self) -> tuple[int, int]:
+        """The SM clock (MHz) and the clock-event reasons (a bit mask) now."""
+        clock, reasons = ctypes.c_uint(), ctypes.c_ulonglong()
+        self._read("nvmlDeviceGetClockInfo", 1, ctypes.byref(clock))  # NVML_CLOCK_SM
+        self._read("nvmlDeviceGetCurrentClocksThrottleReasons", ctypes.byref(reasons))
+        return clock.value, reasons.value
+
+    def energy_mj(self) -> int:
+        """The board's energy counter in millijoules (power readings are one-second averages on
+        Ampere and newer; the counter's difference gives a window's own mean)."""
+        energy = ctypes.c_ulonglong()
+        self._read("nvmlDeviceGetTotalEnergyConsumption", ctypes.byref(energy))
+        return energy.value
 
 
 def run_sampled(nvml: Nvml, fn, seconds: float) -> dict:
@@ -69,25 +83,30 @@ def run_sampled(nvml: Nvml, fn, seconds: float) -> dict:
     per_call = start.elapsed_time(end) / 5
     chunk = max(1, int(10.0 / per_call))
     chunks = max(4, int(seconds * 1e3 / (chunk * per_call)))
-    samples, marks = [], []
-    start.record()
+    # The second half's window: from the end of chunk `half` (its event, on the GPU's clock; the
+    # energy read once that event has passed) to the last chunk's end.
+    half = chunks // 2
+    samples, marks, energy_start, wall_start = [], [], 0, 0.0
     for _ in range(chunks):
         for _ in range(chunk):
             fn()
-        marks.append(torch.cuda.Event())
+        marks.append(torch.cuda.Event(enable_timing=True))
         marks[-1].record()
         if len(marks) >= 2:
             while not marks[-2].query():
-                samples.append(nvml.sample())
+                if len(marks) - 2 > half:
+                    samples.append(nvml.sample())
                 time.sleep(0.002)
-    end.record()
+            if len(marks) - 2 == half:
+                energy_start, wall_start = nvml.energy_mj(), time.perf_counter()
     torch.cuda.synchronize()
-    settled = samples[len(samples) // 2:] or [nvml.sample()]
-    return {"ms": start.elapsed_time(end) / (chunks * chunk), "calls": chunks * chunk, "samples": len(settled),
-            "sm_mhz": statistics.median(s[0] for s in settled),
-            "watts": statistics.median(s[1] for s in settled),
-            "power_capped": sum(bool(s[2] & POWER_CAP) for s in settled) / len(settled),
-            "thermal": sum(bool(s[2] & THERMAL) for s in settled) / len(settled)}
+    energy, wall = nvml.energy_mj() - energy_start, time.perf_counter() - wall_start
+    settled = samples or [nvml.sample()]
+    return {"ms": marks[half].elapsed_time(marks[-1]) / ((chunks - 1 - half) * chunk), "calls": chunks * chunk,
+            "samples": len(settled), "sm_mhz": statistics.median(s[0] for s in settled),
+            "watts": energy / 1e3 / wall,
+            "power_capped": sum(bool(s[1] & POWER_CAP) for s in settled) / len(settled),
+            "thermal": sum(bool(s[1] & THERMAL) for s in settled) / len(settled)}
 
 
 def main():
