@@ -81,13 +81,17 @@ struct Sm90FwdConfig {
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kConsumers = kBlockM / 64;  // consumer warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  // Registers: the block starts at 65536 / kThreads each (__launch_bounds__ pins it); the producer
-  // gives up to 24 and the consumers share the rest (a multiple of 8): 240 with two, 160 with three.
+  // Registers: the block starts at 65536 / kThreads each, rounded down to a multiple of 8
+  // (__launch_bounds__ pins it: 168 with two consumer warpgroups, 128 with three); the producer
+  // gives up all but 24 and the consumers take at most what it gave (setmaxnreg.inc draws only on
+  // what setmaxnreg.dec released, and waits for it otherwise), a multiple of 8: 240 with two (all
+  // of it), 160 with three.
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters =
-      std::min(240, (65536 - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8);
-  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536,
-                "setmaxnreg must balance within the block's registers");
+      std::min(240, (kLaunchRegisters + (kLaunchRegisters - kProducerRegisters) / kConsumers) / 8 * 8);
+  static_assert((kLaunchRegisters - kProducerRegisters) >= (kConsumerRegisters - kLaunchRegisters) * kConsumers,
+                "setmaxnreg.inc takes only what setmaxnreg.dec gave back");
   static constexpr int kBlockN = kBlockN_;
   // Whether head dims under kHeadDim run here (the epilogue then stops at O's own columns). The
   // 80-key D = 256 kernel takes D = 256 alone: that check cost it 2-3 % (A/B at fd01ad4).
