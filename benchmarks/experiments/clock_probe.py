@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import statistics
 import sys
@@ -32,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from benchmarks.bench_attention import DTYPES, implementations  # noqa: E402
+from benchmarks.common import run_metadata, write_json  # noqa: E402
 
 POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap
 THERMAL = 0x20 | 0x40 | 0x8  # software / hardware thermal slowdown, hardware slowdown
@@ -138,11 +138,8 @@ def main():
                   f"{got['watts']:6.0f} {got['tflops_per_ghz']:7.1f} {got['power_capped']:6.2f} {got['thermal']:6.2f}",
                   flush=True)
         del q, k, v, layouts
-    if os.environ.get("OUT"):
-        path = Path(os.environ["OUT"]) / "clock_probe.json"
-        path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "commit": os.environ.get("FLASHEXT_GIT_COMMIT", ""), "rows": rows}, indent=1))
-        print(f"wrote {path}")
+    if os.environ.get("OUT"):  # (never into benchmarks/results: no README figure comes from it)
+        print(f"wrote {write_json('clock_probe.json', {'meta': run_metadata(), 'rows': rows})}")
 
 
 if __name__ == "__main__":
