@@ -1,6 +1,7 @@
 """A model of how long the Hopper forward's causal tile walks take on the benchmark grid
-(csrc/kernels/attention/sm90_tile_walk.h, and the counted walk of sm90_fwd_counted_walk.patch,
-timed and rejected at 2f7cd3e: docs/notes/attention.md), to weigh a walk before a GPU times it.
+(csrc/kernels/attention/sm90_tile_walk.h, and the counted walk, timed and rejected at 2f7cd3e:
+`git show 2f7cd3e:benchmarks/experiments/sm90_fwd_counted_walk.patch`, docs/notes/attention.md),
+to weigh a walk before a GPU times it.
 
     python3 benchmarks/experiments/sm90_fwd_walk_model.py [--sms 132] [--fixed 1.5] [--l2-mib 50]
 
