@@ -204,10 +204,11 @@ TEST(FlashFwd, Sm90RefusesWhatItHasNoKernelFor) {
 // The Hopper forward's tile walk (sm90_tile_walk.h), as its CTAs run it: every CTA b strides
 // t = b, b + grid, ... below loop_tiles. Every (query block, head, sequence) comes exactly once;
 // without units the order is the index's definition (the query block counted from the last); with
-// them a CTA takes a unit's two tiles, m then num_m − 1 − m of one head, in turn, and every CTA
-// as many units as the others or one fewer (a unit is num_m + 1 key blocks of causal work; the
-// middle block of an odd num_m, a unit alone, about half that).
-TEST(FlashFwd, Sm90TileWalkVisitsEveryTileOnce) {
+// them a CTA takes a unit's two tiles of one head in turn, the longer first (or with kShortFirst the
+// shorter), and every CTA as many units as the others or one fewer (a unit is num_m + 1 key blocks
+// of causal work; the middle block of an odd num_m, a unit alone, about half that).
+template <bool kShortFirst>
+void check_sm90_tile_walk() {
   using flashext::attention_detail::make_sm90_tile_walk;
   using flashext::attention_detail::sm90_tile_coords;
   std::mt19937 rng(7);
@@ -234,7 +235,7 @@ TEST(FlashFwd, Sm90TileWalkVisitsEveryTileOnce) {
           int units_taken = 0;
           int previous = -1;  // the tile this CTA took last
           for (int t = b; t < walk.loop_tiles; t += walk.grid) {
-            const auto at = sm90_tile_coords(walk, t);
+            const auto at = sm90_tile_coords<kShortFirst>(walk, t);
             if (at.skip) continue;
             ASSERT_TRUE(at.m_block >= 0 && at.m_block < sh.num_m && at.head >= 0 && at.head < sh.heads &&
                         at.batch >= 0 && at.batch < sh.batch)
@@ -242,10 +243,12 @@ TEST(FlashFwd, Sm90TileWalkVisitsEveryTileOnce) {
             ASSERT_EQ(at.kv_head, at.head / group);
             const int tile = index(at.batch, at.head, at.m_block);
             ++seen[tile];
-            units_taken += 2 * at.m_block >= sh.num_m - 1;  // (a unit's first, or only, tile)
+            // (a unit's longer tile, or the middle block alone: one per unit)
+            const bool longer = 2 * at.m_block >= sh.num_m - 1;
+            units_taken += longer;
             if (!walk.paired) {
               ASSERT_EQ(t, index(at.batch, at.head, sh.num_m - 1 - at.m_block));  // counted from the last
-            } else if (2 * at.m_block < sh.num_m - 1) {  // a unit's second (shorter) tile: after its first
+            } else if (2 * at.m_block != sh.num_m - 1 && longer == kShortFirst) {  // a unit's second tile
               ASSERT_EQ(previous, index(at.batch, at.head, sh.num_m - 1 - at.m_block)) << "t " << t;
             }
             previous = tile;
@@ -262,8 +265,21 @@ TEST(FlashFwd, Sm90TileWalkVisitsEveryTileOnce) {
       }
     }
   }
+}
+
+TEST(FlashFwd, Sm90TileWalkVisitsEveryTileOnce) {
+  {
+    SCOPED_TRACE("the longer tile of a unit first");
+    check_sm90_tile_walk<false>();
+  }
+  {
+    SCOPED_TRACE("the shorter tile of a unit first");
+    check_sm90_tile_walk<true>();
+  }
   // The largest call the launch walks stays in 31 bits, the stride's last step included.
-  const auto big = make_sm90_tile_walk(int((flashext::attention_detail::kSm90MaxTiles - 1) / 64), 64, 64, 1, 132, true);
+  using flashext::attention_detail::kSm90MaxTiles;
+  using flashext::attention_detail::make_sm90_tile_walk;
+  const auto big = make_sm90_tile_walk(int((kSm90MaxTiles - 1) / 64), 64, 64, 1, 132, true);
   EXPECT_LT(int64_t(big.loop_tiles) + big.grid, int64_t(INT32_MAX));
 }
 

@@ -105,6 +105,13 @@ struct Sm90FwdConfig {
   // while S runs (D ≤ 128). H100 A/B at 10ded41 of V first: D = 256 +0-6 % (causal S ≥ 2K
   // +4-6 %), D = 128 −3 to −4 % non-causal.
   static constexpr bool kWaitVBeforeS = kHeadDim == 256;
+  // Whether a causal unit's shorter tile comes first (sm90_tile_walk.h): at D = 256, where the K / V
+  // of the heads in flight (132 CTAs on units of two 128-row tiles: 132 · 256 query rows' keys and
+  // values, 132 · 1024 · D bytes) take 33 MiB of the 50 MiB L2, the longer tile first left the whole of it between the two tiles' reads
+  // of their first key blocks, and those came back from DRAM: 23 % more DRAM bytes than cuDNN at
+  // causal S = 512 (Nsight), 13 % fewer with the shorter tile first, and +5 % there (H100 A/B at
+  // 588a40c; S ≥ 1K ±2 %). At D = 128 (16.5 MiB) it lost 2-3.5 % at causal S ≤ 1K, at D = 64 flat.
+  static constexpr bool kShortTileFirst = kHeadDim == 256;
   // The two consumer warpgroups take turns issuing their GEMMs (FlashAttention-3's ping-pong):
   // at D = 128, where a block's GEMMs take about as long as the other warpgroup's softmax. H100
   // A/B at 4e6e00f: causal S = 512-2K +1-4 %, full flat. On D = 64's 128-row blocks it cost
@@ -240,7 +247,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   };
   const auto tile_at = [&](int t) {
     Tile x;
-    const Sm90TileCoords at = sm90_tile_coords(walk, t);
+    const Sm90TileCoords at = sm90_tile_coords<Config::kShortTileFirst>(walk, t);
     x.head = at.head;
     x.batch = at.batch;
     x.kv_head = at.kv_head;

@@ -7,9 +7,11 @@
 // A causal dense call on fewer CTAs than tiles walks units instead: query blocks m and
 // num_m − 1 − m of a head, whose key blocks add up to the same count for every m, so a stride over
 // units balances (the middle block of an odd num_m is a unit alone). Of each 2 · grid values of t,
-// the first grid are the first (longer) tiles of grid units and the next grid their second
-// tiles, so CTA b takes both tiles of its unit in turn; t past the units, and the middle block's
-// missing partner, are skipped. The divisors are made once on the host and reach the kernel as a
+// the first grid are the first tiles of grid units and the next grid their second tiles, so CTA b
+// takes both tiles of its unit in turn; t past the units, and the middle block's missing partner,
+// are skipped. A unit's longer tile comes first, or with kShortFirst its shorter one: both tiles
+// start at key block 0, so the longer one then reads the shorter one's K / V again while they are
+// still in L2 (the kernel's config says where that pays). The divisors are made once on the host and reach the kernel as a
 // parameter (the constant bank: nothing held in registers across the walk), so a tile's indices
 // cost a few multiplies instead of 64-bit divisions. Indices are 31-bit: the launch takes the
 // walk only for calls of fewer than 2^28 tiles (t stays under 5 · tiles).
@@ -47,6 +49,7 @@ struct Sm90TileCoords {
   bool skip;  // an index with no tile (past the units, or the middle block's missing partner)
 };
 
+template <bool kShortFirst>
 FX_HOST_DEVICE Sm90TileCoords sm90_tile_coords(const Sm90TileWalk& w, int t) {
   Sm90TileCoords at{};
   const int num_m = w.num_m.divisor;
@@ -61,7 +64,7 @@ FX_HOST_DEVICE Sm90TileCoords sm90_tile_coords(const Sm90TileWalk& w, int t) {
     const int u = chunk * w.grid + (second ? r - w.grid : r);
     int j;
     w.half_m.divmod(u, hb, j);
-    at.m_block = second ? j : num_m - 1 - j;
+    at.m_block = second != kShortFirst ? j : num_m - 1 - j;
     at.skip = u >= w.num_units || (second && j == num_m - 1 - j);
     if (at.skip) hb = 0;
   }
