@@ -14,14 +14,14 @@
 // (wgmma RS: P from registers, V read MN-major as stored; n64 or n128 per instruction), then
 // releases the stage. A CTA walks tiles (query block, head, sequence), the last query blocks of a
 // head first: a CTA per SM striding over tiles of equal work (no mask) or over causal units of two
-// tiles of equal work together (query blocks m and num_m − 1 − m), where the producer loads the
-// next tile's Q (a second buffer where it fits) and first K / V during this tile's last blocks and
-// epilogue; one tile per CTA for windowed and varlen calls (tiles of unequal work, which the
-// hardware's block scheduler balances). K and V have full barriers of their own (one arrival plus
-// the tile's bytes), so S starts while V still lands (at D ≤ 128; D = 256 waits for V first,
-// kWaitVBeforeS). K and V have empty barriers of their own too (one arrival per consumer
-// warpgroup): a K stage is free once its S has retired, a V stage once its P V has, and the
-// producer loads V one block behind K, so the next K never waits behind a V release. A dense
+// tiles of equal work together (query blocks m and num_m − 1 − m; at D = 256 the shorter first),
+// where the producer loads the next tile's Q (a second buffer where it fits) and first K / V during
+// this tile's last blocks and epilogue; one tile per CTA for windowed and varlen calls (tiles of
+// unequal work, which the hardware's block scheduler balances). K and V have full barriers of their
+// own (one arrival plus the tile's bytes), so S starts while V still lands (at D ≤ 128; D = 256
+// waits for V first, kWaitVBeforeS). K and V have empty barriers of their own too (one arrival per
+// consumer warpgroup): a K stage is free once its S has retired, a V stage once its P V has, and
+// the producer loads V one block behind K, so the next K never waits behind a V release. A dense
 // call's O leaves through shared memory: each consumer warpgroup writes its 64 rows to its part of
 // an O tile (stmatrix) and one of its threads stores them by TMA, so the warpgroup goes on to its
 // next tile while the copy engine writes; at D = 256, where no O tile fits, through a stage of the
@@ -105,12 +105,14 @@ struct Sm90FwdConfig {
   // while S runs (D ≤ 128). H100 A/B at 10ded41 of V first: D = 256 +0-6 % (causal S ≥ 2K
   // +4-6 %), D = 128 −3 to −4 % non-causal.
   static constexpr bool kWaitVBeforeS = kHeadDim == 256;
-  // Whether a causal unit's shorter tile comes first (sm90_tile_walk.h): at D = 256, where the K / V
-  // of the heads in flight (132 CTAs on units of two 128-row tiles: 132 · 256 query rows' keys and
-  // values, 132 · 1024 · D bytes) take 33 MiB of the 50 MiB L2, the longer tile first left the whole of it between the two tiles' reads
-  // of their first key blocks, and those came back from DRAM: 23 % more DRAM bytes than cuDNN at
-  // causal S = 512 (Nsight), 13 % fewer with the shorter tile first, and +5 % there (H100 A/B at
-  // 588a40c; S ≥ 1K ±2 %). At D = 128 (16.5 MiB) it lost 2-3.5 % at causal S ≤ 1K, at D = 64 flat.
+  // Whether a causal unit's shorter tile comes first (sm90_tile_walk.h). At D = 256 the K / V of
+  // the heads in flight (132 CTAs on units of two 128-row tiles: 132 · 256 query rows' keys and
+  // values, 132 · 1024 · D bytes) take 33 MiB of the 50 MiB L2, with Q and O streaming through;
+  // with the longer tile first, the whole longer tile ran between the two tiles' reads of their
+  // first key blocks, and the second reads came back from DRAM: 23 % more DRAM bytes than cuDNN
+  // at causal S = 512 (Nsight), 7 % more with the shorter tile first, and +5 % in time there
+  // (H100 A/B at 588a40c; S ≥ 1K +0-2 %). At D = 128 it lost 1.7-3.6 % at causal S ≤ 1K (not
+  // by the L2: the bytes were cuDNN's either way), at D = 64 nothing.
   static constexpr bool kShortTileFirst = kHeadDim == 256;
   // The two consumer warpgroups take turns issuing their GEMMs (FlashAttention-3's ping-pong):
   // at D = 128, where a block's GEMMs take about as long as the other warpgroup's softmax. H100

@@ -11,10 +11,11 @@
 // takes both tiles of its unit in turn; t past the units, and the middle block's missing partner,
 // are skipped. A unit's longer tile comes first, or with kShortFirst its shorter one: both tiles
 // start at key block 0, so the longer one then reads the shorter one's K / V again while they are
-// still in L2 (the kernel's config says where that pays). The divisors are made once on the host and reach the kernel as a
-// parameter (the constant bank: nothing held in registers across the walk), so a tile's indices
-// cost a few multiplies instead of 64-bit divisions. Indices are 31-bit: the launch takes the
-// walk only for calls of fewer than 2^28 tiles (t stays under 5 · tiles).
+// still in L2 (the kernel's config says where that pays). The divisors are made once on the host
+// and reach the kernel as a parameter (the constant bank: nothing held in registers across the
+// walk), so a tile's indices cost a few multiplies instead of 64-bit divisions. Indices are
+// 31-bit: the launch takes the walk only for calls of fewer than 2^28 tiles (t stays under
+// 5 · tiles).
 #pragma once
 
 #include <cstdint>
