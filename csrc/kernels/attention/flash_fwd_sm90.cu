@@ -139,6 +139,15 @@ struct Sm90FwdConfig {
   // one comparison per two scores. They pay where a tile has few key blocks; elsewhere they cost
   // (docs/notes/attention.md, "The short-tile form").
   static constexpr bool kShortTiles = kShortTiles_;
+  // Whether a tile's first block is peeled off the key loop (its S alone, then its softmax), or
+  // runs as the loop's first iteration with an empty wgmma group in its P V's place. Not peeled,
+  // the softmax (masked and unmasked) is in the machine code once instead of twice: the 128-row
+  // D = 64 kernel shrinks from 5472 to 3568 instructions. Its tiles have a few key blocks each,
+  // and Nsight showed its warps stalled on instruction fetch 6 % of the time (cuDNN's 1 %). H100
+  // A/B at 5478842: causal S = 512 +1.8 to +3.1 % (0.89-0.90x -> 0.92x cuDNN), 1K-2K within
+  // +-1.6 %; at D = 128 and 256 the loop with the branch lost 2-8 %, and in the 192-row kernel it
+  // spills.
+  static constexpr bool kPeelFirstBlock = !(kShortTiles && kConsumers == 2);
   static constexpr int kAlignSlack = kShortTiles ? 0 : 1024;
   // Two Q buffers where they fit (the next tile's Q lands during this tile's last blocks), else one
   static constexpr int kQStages =
@@ -553,41 +562,55 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       desc_q0 = (uint64_t(__shfl_sync(0xffffffffu, uint32_t(desc_q0 >> 32), 0)) << 32) |
                 __shfl_sync(0xffffffffu, uint32_t(desc_q0), 0);
       sm90::mbarrier_wait(&q_full[qs], (q_uses / kQStages) & 1);
-      sm90::mbarrier_wait(&k_full[kv_uses % kStages], (kv_uses / kStages) & 1);
-      my_turn();
-      issue_s(kv_uses % kStages);
-      your_turn();
-      sm90::wgmma_wait<0>();
-      sm90::fence_operands(s);
-      release(k_empty, kv_uses % kStages, hold_k && num_n_blocks == 1);
-      if (num_n_blocks == 1) release(q_empty, qs);  // Q's last read: the next tile's may land
-      softmax(n_lo, full_lo <= 0 && 0 < full_hi);
-      round_p();  // (O is 0: nothing to rescale)
-      for (int it = 1; it < num_n_blocks; ++it) {
+      int first_in_loop = 0;  // the first block the loop runs
+      if constexpr (Config::kPeelFirstBlock) {
+        sm90::mbarrier_wait(&k_full[kv_uses % kStages], (kv_uses / kStages) & 1);
+        my_turn();
+        issue_s(kv_uses % kStages);
+        your_turn();
+        sm90::wgmma_wait<0>();
+        sm90::fence_operands(s);
+        release(k_empty, kv_uses % kStages, hold_k && num_n_blocks == 1);
+        if (num_n_blocks == 1) release(q_empty, qs);  // Q's last read: the next tile's may land
+        softmax(n_lo, full_lo <= 0 && 0 < full_hi);
+        round_p();  // (O is 0: nothing to rescale)
+        first_in_loop = 1;
+      }
+      for (int it = first_in_loop; it < num_n_blocks; ++it) {
         const uint32_t g = kv_uses + it, stage = g % kStages, prev = (g - 1) % kStages;
+        const bool pv = Config::kPeelFirstBlock || it > 0;  // a previous block's P V to issue
         sm90::mbarrier_wait(&k_full[stage], (g / kStages) & 1);
         // V of block it − 1 (loaded after block it's K): waited for while S is issued, or before
         // (Config::kWaitVBeforeS)
-        if constexpr (Config::kWaitVBeforeS) sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
+        if constexpr (Config::kWaitVBeforeS) {
+          if (pv) sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
+        }
         my_turn();
         issue_s(stage);
-        if constexpr (!Config::kWaitVBeforeS) sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
-        issue_pv(prev);  // (not the tile's last block: no guard_last_v)
+        if (pv) {
+          if constexpr (!Config::kWaitVBeforeS) sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
+          issue_pv(prev);  // (not the tile's last block: no guard_last_v)
+        } else {
+          // an empty group in the P V's place, so that the waits below stay as they are (ptxas
+          // issues it as a null wgmma after a warpgroup.arrive)
+          sm90::wgmma_fence();
+          sm90::wgmma_commit();
+        }
         your_turn();
         sm90::wgmma_wait<1>();  // S is in (groups complete in order); P V still runs
         sm90::fence_operands(s);
         // the producer may load block it + kStages's K now
         release(k_empty, stage, hold_k && it == num_n_blocks - 1);
-        if (it == num_n_blocks - 1) release(q_empty, qs);
+        if (it == num_n_blocks - 1) release(q_empty, qs);  // Q's last read: the next tile's may land
         softmax(n_lo + it * kBlockN, it >= full_lo && it < full_hi);
         pin_wait();
         sm90::wgmma_wait<0>();
         sm90::fence_operands(acc_o);
 #pragma unroll
         for (int i = 0; i < kBlockN / 8; ++i) sm90::fence_operands(p16[i]);
-        release(v_empty, prev);
+        if (pv) release(v_empty, prev);
         round_p();
-        rescale_o();
+        rescale_o();  // (the first block: alpha 0 on O's zeros)
       }
       if (hold_v) sm90::named_barrier_arrive(7, 256);  // (this warpgroup's last S has retired)
       const uint32_t g_last = kv_uses + num_n_blocks - 1, last = g_last % kStages;
