@@ -139,14 +139,11 @@ struct Sm90FwdConfig {
   // one comparison per two scores. They pay where a tile has few key blocks; elsewhere they cost
   // (docs/notes/attention.md, "The short-tile form").
   static constexpr bool kShortTiles = kShortTiles_;
-  // Whether a tile's first block is peeled off the key loop (its S alone, then its softmax), or
-  // runs as the loop's first iteration with an empty wgmma group in its P V's place. Not peeled,
-  // the softmax (masked and unmasked) is in the machine code once instead of twice: the 128-row
-  // D = 64 kernel shrinks from 5472 to 3568 instructions. Its tiles have a few key blocks each,
-  // and Nsight showed its warps stalled on instruction fetch 6 % of the time (cuDNN's 1 %). H100
-  // A/B at 5478842: causal S = 512 +1.8 to +3.1 % (0.89-0.90x -> 0.92x cuDNN), 1K-2K within
-  // +-1.6 %; at D = 128 and 256 the loop with the branch lost 2-8 %, and in the 192-row kernel it
-  // spills.
+  // Whether a tile's first block is peeled off the key loop (its S alone, then its softmax) or
+  // runs as the loop's first iteration with an empty wgmma group in its P V's place, which keeps
+  // one copy of the softmax in the machine code instead of two: +2-3 % at D = 64 causal 512, whose
+  // tiles are short; at D = 128 it lost up to 8 %, and the 192-row kernel spills with it
+  // (docs/notes/attention.md, "A tile's first block inside the key loop").
   static constexpr bool kPeelFirstBlock = !(kShortTiles && kConsumers == 2);
   static constexpr int kAlignSlack = kShortTiles ? 0 : 1024;
   // Two Q buffers where they fit (the next tile's Q lands during this tile's last blocks), else one
@@ -591,8 +588,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           if constexpr (!Config::kWaitVBeforeS) sm90::mbarrier_wait(&v_full[prev], ((g - 1) / kStages) & 1);
           issue_pv(prev);  // (not the tile's last block: no guard_last_v)
         } else {
-          // an empty group in the P V's place, so that the waits below stay as they are (ptxas
-          // issues it as a null wgmma after a warpgroup.arrive)
+          // an empty group in the P V's place, so that the waits below stay as they are (the
+          // fence: ptxas would insert one itself, info C7519)
           sm90::wgmma_fence();
           sm90::wgmma_commit();
         }
