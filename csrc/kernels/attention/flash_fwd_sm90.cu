@@ -105,14 +105,10 @@ struct Sm90FwdConfig {
   // while S runs (D ≤ 128). H100 A/B at 10ded41 of V first: D = 256 +0-6 % (causal S ≥ 2K
   // +4-6 %), D = 128 −3 to −4 % non-causal.
   static constexpr bool kWaitVBeforeS = kHeadDim == 256;
-  // Whether a causal unit's shorter tile comes first (sm90_tile_walk.h). At D = 256 the K / V of
-  // the heads in flight (132 CTAs on units of two 128-row tiles: 132 · 256 query rows' keys and
-  // values, 132 · 1024 · D bytes) take 33 MiB of the 50 MiB L2, with Q and O streaming through;
-  // with the longer tile first, the whole longer tile ran between the two tiles' reads of their
-  // first key blocks, and the second reads came back from DRAM: 23 % more DRAM bytes than cuDNN
-  // at causal S = 512 (Nsight), 7 % more with the shorter tile first, and +5 % in time there
-  // (H100 A/B at 588a40c; S ≥ 1K +0-2 %). At D = 128 it lost 1.7-3.6 % at causal S ≤ 1K (not
-  // by the L2: the bytes were cuDNN's either way), at D = 64 nothing.
+  // Whether a causal unit's shorter tile comes first (sm90_tile_walk.h), so that the longer one
+  // rereads their shared first K / V blocks from L2, not DRAM: at D = 256, where the heads in
+  // flight fill most of the L2 (+5 % at causal S = 512); at D ≤ 128 it paid nothing
+  // (docs/notes/attention.md, "A causal unit's shorter tile first at D = 256").
   static constexpr bool kShortTileFirst = kHeadDim == 256;
   // The two consumer warpgroups take turns issuing their GEMMs (FlashAttention-3's ping-pong):
   // at D = 128, where a block's GEMMs take about as long as the other warpgroup's softmax. H100
@@ -559,7 +555,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       desc_q0 = (uint64_t(__shfl_sync(0xffffffffu, uint32_t(desc_q0 >> 32), 0)) << 32) |
                 __shfl_sync(0xffffffffu, uint32_t(desc_q0), 0);
       sm90::mbarrier_wait(&q_full[qs], (q_uses / kQStages) & 1);
-      int first_in_loop = 0;  // the first block the loop runs
       if constexpr (Config::kPeelFirstBlock) {
         sm90::mbarrier_wait(&k_full[kv_uses % kStages], (kv_uses / kStages) & 1);
         my_turn();
@@ -571,9 +566,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (num_n_blocks == 1) release(q_empty, qs);  // Q's last read: the next tile's may land
         softmax(n_lo, full_lo <= 0 && 0 < full_hi);
         round_p();  // (O is 0: nothing to rescale)
-        first_in_loop = 1;
       }
-      for (int it = first_in_loop; it < num_n_blocks; ++it) {
+      for (int it = Config::kPeelFirstBlock ? 1 : 0; it < num_n_blocks; ++it) {
         const uint32_t g = kv_uses + it, stage = g % kStages, prev = (g - 1) % kStages;
         const bool pv = Config::kPeelFirstBlock || it > 0;  // a previous block's P V to issue
         sm90::mbarrier_wait(&k_full[stage], (g / kStages) & 1);
