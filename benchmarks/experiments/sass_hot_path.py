@@ -11,7 +11,8 @@ uniform, predicate and synchronisation work around them) are what docs/notes/att
 with cuDNN's source-level profile. `--list` prints the path itself. `--tile` counts instead what a
 tile costs outside its key loop: the shortest path through the outermost HGMMA loop (the tile
 loop) that passes the first block's S and the last P V without entering the key loop (the walk,
-the first block's S and softmax, the last P V, the epilogue; the shortest epilogue branch).
+the first block's S and softmax, the last P V, the epilogue; the shortest epilogue branch), which
+a kernel whose first block runs inside its key loop (Sm90FwdConfig::kPeelFirstBlock false) has not.
 
 The cubin: `nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include
 -Icsrc/kernels -cubin csrc/kernels/attention/flash_fwd_sm90.cu -o fwd.cubin`; cuobjdump is taken
@@ -137,6 +138,9 @@ def main():
         numbers = [n or ("true" if b == "1" else "false") for n, b in numbers]
         label = f"{config.group(1)}<{', '.join(numbers)}>" if config else name
         dtype = "bf16" if "bfloat16" in name else "fp16" if "half" in name else ""
+        if not path:  # (--tile: a kernel whose first block runs inside its key loop has no such path)
+            print(f"{dtype} {label}: no path found")
+            continue
         print(f"{dtype} {label}: {len(path)} instructions "
               f"(FP {fp}, HGMMA {hgmma}, other {len(path) - fp - hgmma})")
         if "--list" in sys.argv:
