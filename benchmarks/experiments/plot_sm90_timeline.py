@@ -23,7 +23,9 @@ KINDS = {
     "fwd": {
         "phases": {2: ("wait K / V, rescale", "#bbbbbb"), 3: ("issue", "#ffcc66"), 4: ("wait S", "#6699ff"),
                    5: ("softmax", "#ff6666"), 6: ("wait P V", "#66cc99"), 7: ("after P V", "#dddddd"),
-                   8: ("epilogue", "#aa66cc"), 1: ("next tile", "#eeeeee")},
+                   9: ("epilogue: sums, lse", "#cc99dd"), 10: ("epilogue: O tile free", "#bb88dd"),
+                   11: ("epilogue: stmatrix", "#9966cc"), 12: ("epilogue: fence, barrier", "#774499"),
+                   8: ("epilogue: TMA store", "#aa66cc"), 1: ("next tile", "#eeeeee")},
         "marks": {16: ("Q", "v", "#000000"), 17: ("K", "|", "#3355cc"), 18: ("V", "|", "#cc5533")},
         "tile": 1, "block": 4, "block_name": "key block (S to S inside a tile)",
     },
