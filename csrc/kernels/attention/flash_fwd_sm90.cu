@@ -115,6 +115,14 @@ struct Sm90FwdConfig {
   // A/B at 4e6e00f: causal S = 512-2K +1-4 %, full flat. On D = 64's 128-row blocks it cost
   // 1-3 % at causal 1K-2K (the exponentials there cost as much as the GEMMs), so not there.
   static constexpr bool kPingPong = kHeadDim == 128 && kBlockM == 128;
+  // Whether a tile's row sums, 1 / l and lse are worked out under its last P V rather than after
+  // it, so that what waits for that P V is O's epilogue alone: both consumer warpgroups reach a
+  // tile's end within a GEMM turn of each other, and the tensor cores idle through their
+  // epilogues until the next tile's first S (the sums and the lse took about half of each
+  // warpgroup's 1 µs epilogue in the timeline at D = 128 full 1K). H100 A/B at 52ec079: D = 128
+  // +1 % (+0.3-2.7 % at S ≤ 4K, most at causal 512 and 2K), D = 256 flat, D = 64's 128-row
+  // kernel −3 to −7 % at causal S ≤ 1K: D = 128 only.
+  static constexpr bool kFinishRowsUnderLastPv = kPingPong;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
@@ -471,12 +479,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   };
   // ptxas schedules wait_group 0 as early as it may, which is above the whole softmax (and the
   // overlap with the P V is gone), unless a memory instruction earlier in program order holds it:
-  // a shared store of a value made from both rows' final sums, predicated on a comparison that
-  // never holds (the sums are ≥ 0 or NaN, never −1), so nothing is written.
-  const auto pin_wait = [&] {
+  // a shared store of a value made from what is to come first (the final row sums, or their
+  // reciprocals), predicated on a comparison that never holds (the value is ≥ 0 or NaN, never
+  // −1), so nothing is written.
+  const auto pin_wait = [&](float made) {
     asm volatile("{\n.reg .pred q;\nsetp.eq.f32 q, %1, 0fBF800000;\n@q st.shared.f32 [%0], %1;\n}\n" ::"r"(
                      sm90::smem_addr(pin_word)),
-                 "f"(row_sum[0] + row_sum[1])
+                 "f"(made)
                  : "memory");
   };
   // P to 16 bits (once no P V reads p16) and O to the new max.
@@ -493,6 +502,31 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       acc_o[4 * i + 1] *= alpha[0];
       acc_o[4 * i + 2] *= alpha[1];
       acc_o[4 * i + 3] *= alpha[1];
+    }
+  };
+  // A tile's rows once its last softmax is done (Config::kFinishRowsUnderLastPv: under its last
+  // P V): the sums over each row's lane quad, 1 / l (0 for a row that saw no key) and the lse,
+  // stored.
+  const auto finish_rows = [&](float (&inv)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float total = row_sum[r];
+      total += __shfl_xor_sync(0xffffffffu, total, 1);
+      total += __shfl_xor_sync(0xffffffffu, total, 2);
+      if constexpr (Config::kShortTiles) {
+        // (total ≥ 1 where a key was seen, the max's own weight being exactly 1: the approximate
+        // reciprocal is within an fp32 ulp of 1 / total, and the lse's approximate log2 within
+        // about 2^-22 of log2(total), absolute)
+        inv[r] = total > 0.0f ? ptx::rcp_approx(total) : 0.0f;
+      } else {
+        inv[r] = total > 0.0f ? 1.0f / total : 0.0f;
+      }
+      const int row = x.m_start + row0 + 8 * r;
+      if (p.lse != nullptr && quad == 0 && row < x.seqlen_q) {
+        using Log2 = std::conditional_t<Config::kShortTiles, Log2Approx, Log2f>;
+        const int64_t lse_offset = varlen ? x.row_q : int64_t(x.batch) * p.lse_batch_stride;
+        p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] = row_lse({row_max[r] * score_scale, total}, Log2{});
+      }
     }
   };
   // A stage's GEMMs of this warpgroup are done (wgmma is collective: every warp issued them);
@@ -545,6 +579,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
     const int n_lo = x.n_lo, num_n_blocks = x.num_n_blocks;
+    float inv[2];  // 1 / l of this thread's two rows (finish_rows)
     uint32_t last_stage = 0;  // the K / V stage of the tile's last block (where it has one)
     if (num_n_blocks > 0) {
       const uint32_t qs = q_uses % kQStages;
@@ -594,7 +629,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         release(k_empty, stage, hold_k && it == num_n_blocks - 1);
         if (it == num_n_blocks - 1) release(q_empty, qs);  // Q's last read: the next tile's may land
         softmax(n_lo + it * kBlockN, it >= full_lo && it < full_hi);
-        pin_wait();
+        pin_wait(row_sum[0] + row_sum[1]);
         sm90::wgmma_wait<0>();
         sm90::fence_operands(acc_o);
 #pragma unroll
@@ -611,6 +646,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       my_turn();
       issue_pv(last);
       your_turn();
+      if constexpr (Config::kFinishRowsUnderLastPv) {
+        finish_rows(inv);
+        pin_wait(inv[0] + inv[1]);
+      }
       sm90::wgmma_wait<0>();
       sm90::fence_operands(acc_o);
       release(v_empty, last, hold_v);
@@ -618,47 +657,70 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       kv_uses += num_n_blocks;
     }
 
-    // Epilogue: O / l (0 for a row that saw no key) and the lse, O's own columns. Where the call
-    // has a map of O, each warpgroup writes its 64 rows through its part of the O tile (D ≤ 128)
-    // or the stage it kept (D = 256, a tile that loaded one) and one TMA store per slab (rows past
-    // the sequence and columns past the head dim left out), and goes on to its next tile while the
+    // Epilogue: O / l (0 for a row that saw no key) and the lse (unless done under the last P V;
+    // a tile with no key block has none: O 0 and lse −inf), O's own columns. Where the call has a
+    // map of O, each warpgroup writes its 64 rows through its part of the O tile (D ≤ 128) or the
+    // stage it kept (D = 256, a tile that loaded one) and one TMA store per slab (rows past the
+    // sequence and columns past the head dim left out), and goes on to its next tile while the
     // copy engine writes them (D = 256: once the copy has read the stage, which it then releases);
     // otherwise O goes straight from registers.
+    if constexpr (Config::kFinishRowsUnderLastPv) {
+      if (num_n_blocks == 0) finish_rows(inv);
+    }
     const bool tma_o = store_o && (!Config::kOInStage || num_n_blocks > 0);
-    const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
-    const int64_t lse_offset = varlen ? x.row_q : int64_t(x.batch) * p.lse_batch_stride;
-    T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
-    float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float total = row_sum[r];
-      total += __shfl_xor_sync(0xffffffffu, total, 1);
-      total += __shfl_xor_sync(0xffffffffu, total, 2);
-      if constexpr (Config::kShortTiles) {
-        // (total ≥ 1 where a key was seen, the max's own weight being exactly 1: the approximate
-        // reciprocal is within an fp32 ulp of 1 / total, and the lse's approximate log2 within
-        // about 2^-22 of log2(total), absolute)
-        inv[r] = total > 0.0f ? ptx::rcp_approx(total) : 0.0f;
-      } else {
-        inv[r] = total > 0.0f ? 1.0f / total : 0.0f;
-      }
-      const int row = x.m_start + row0 + 8 * r;
-      if (row >= x.seqlen_q) continue;
+    if constexpr (Config::kFinishRowsUnderLastPv) {
       if (!tma_o) {
+        const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
+        T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
 #pragma unroll
-        for (int i = 0; i < kHeadDim / 8; ++i) {
-          if constexpr (Config::kNarrowHeadDims) {  // (a head dim under the kernel's: O has only its own columns)
-            if (8 * i >= p.head_dim) break;
+        for (int r = 0; r < 2; ++r) {
+          const int row = x.m_start + row0 + 8 * r;
+          if (row >= x.seqlen_q) continue;
+#pragma unroll
+          for (int i = 0; i < kHeadDim / 8; ++i) {
+            if constexpr (Config::kNarrowHeadDims) {  // (a head dim under the kernel's: O has only its own columns)
+              if (8 * i >= p.head_dim) break;
+            }
+            const int col = 8 * i + 2 * quad;
+            *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
+                ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv[r], acc_o[4 * i + 2 * r + 1] * inv[r]);
           }
-          const int col = 8 * i + 2 * quad;
-          *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
-              ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv[r], acc_o[4 * i + 2 * r + 1] * inv[r]);
         }
       }
-      if (p.lse != nullptr && quad == 0) {
-        using Log2 = std::conditional_t<Config::kShortTiles, Log2Approx, Log2f>;
-        p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] =
-            row_lse({row_max[r] * score_scale, total}, Log2{});
+    } else {
+      // (the sums, O from registers and the lse row by row, as before finish_rows existed: written
+      // apart so that these kernels' machine code stays what was measured)
+      const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
+      const int64_t lse_offset = varlen ? x.row_q : int64_t(x.batch) * p.lse_batch_stride;
+      T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float total = row_sum[r];
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        if constexpr (Config::kShortTiles) {
+          inv[r] = total > 0.0f ? ptx::rcp_approx(total) : 0.0f;  // (as in finish_rows)
+        } else {
+          inv[r] = total > 0.0f ? 1.0f / total : 0.0f;
+        }
+        const int row = x.m_start + row0 + 8 * r;
+        if (row >= x.seqlen_q) continue;
+        if (!tma_o) {
+#pragma unroll
+          for (int i = 0; i < kHeadDim / 8; ++i) {
+            if constexpr (Config::kNarrowHeadDims) {  // (a head dim under the kernel's: O has only its own columns)
+              if (8 * i >= p.head_dim) break;
+            }
+            const int col = 8 * i + 2 * quad;
+            *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
+                ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv[r], acc_o[4 * i + 2 * r + 1] * inv[r]);
+          }
+        }
+        if (p.lse != nullptr && quad == 0) {
+          using Log2 = std::conditional_t<Config::kShortTiles, Log2Approx, Log2f>;
+          p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] =
+              row_lse({row_max[r] * score_scale, total}, Log2{});
+        }
       }
     }
     if (tma_o) {
