@@ -57,6 +57,32 @@ def lanes(data, cta):
     return out
 
 
+def boundary(path):
+    """The steps of every tile boundary (forward): from the last P V done (event 6) before a tile
+    start (1) to that tile's first softmax done (5), each consecutive pair of events a step."""
+    data, khz = load(path)
+    names = {1: "tile", 2: "K ready", 3: "issued", 4: "S ready", 5: "softmax done", 6: "P V done", 7: "epilogue",
+             9: "sums, lse", 10: "O tile free", 11: "stmatrix", 12: "fence, barrier", 8: "TMA store"}
+    steps, tiles = {}, []
+    for cta in range(data.shape[0]):
+        for wg, lane in enumerate(lanes(data, cta)):
+            if wg == 0:
+                continue
+            starts = [i for i, (_, e) in enumerate(lane) if e == 1]
+            tiles += [lane[b][0] - lane[a][0] for a, b in zip(starts, starts[1:])]
+            for i in starts[1:]:
+                j = max(k for k in range(i) if lane[k][1] == 6) if any(lane[k][1] == 6 for k in range(i)) else None
+                m = next((k for k in range(i, len(lane)) if lane[k][1] == 5), None)
+                if j is None or m is None:
+                    continue
+                for (ta, ea), (tb, eb) in zip(lane[j:m], lane[j + 1:m + 1]):
+                    steps.setdefault((wg, f"{names.get(ea, ea)} -> {names.get(eb, eb)}"), []).append(tb - ta)
+    ns = lambda cycles: cycles / khz * 1e6  # noqa: E731
+    print(f"{path}: tile {ns(statistics.median(tiles)) / 1e3:.2f} us (median of {len(tiles)})")
+    for (wg, step), values in steps.items():
+        print(f"  consumer {wg}: {step:32s} {ns(statistics.median(values)):6.0f} ns (n = {len(values)})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kind", choices=sorted(KINDS), default="fwd")
@@ -64,7 +90,13 @@ def main():
     ap.add_argument("png")
     ap.add_argument("--cta", type=int, default=0)
     ap.add_argument("--us", type=float, default=40.0, help="the plotted window from the CTA's first event, in us")
+    ap.add_argument("--boundary", action="store_true",
+                    help="forward: print the median of each step from a tile's last P V to the next tile's first "
+                    "softmax over CTAs 0-7, per consumer, and stop")
     args = ap.parse_args()
+    if args.boundary:
+        boundary(args.trace)
+        return
     kind = KINDS[args.kind]
     phases = kind["phases"]
     data, khz = load(args.trace)

@@ -38,7 +38,8 @@
 // At D = 64 a warpgroup's exponentials (8K per block) take about as long as its two GEMMs, so a
 // third consumer warpgroup keeps the tensor cores fed while the other two exponentiate (as
 // FlashAttention-3 does there); at D = 128 and 256 the GEMMs dominate and two suffice, and at
-// D = 128 they take turns issuing them (kPingPong: one's softmax runs under the other's GEMMs).
+// D = 128 they take turns issuing them (kPingPong: one's softmax runs under the other's GEMMs)
+// and work out a tile's row sums and lse under its last P V (kFinishRowsUnderLastPv).
 // Causal and windowed calls at D = 64 whose rows see under 4K keys take 128-row blocks on two (a
 // third less masked work on the diagonal blocks). Those, and unmasked dense D = 64 calls under 2K
 // keys (192 rows), run the short-tile form (Sm90FwdConfig::kShortTiles).
