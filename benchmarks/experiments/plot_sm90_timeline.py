@@ -2,6 +2,7 @@
 tool, not part of the package).
 
     python benchmarks/experiments/plot_sm90_timeline.py [--kind fwd|bwd] TRACE.bin OUT.png [--cta 0] [--us 40]
+    python benchmarks/experiments/plot_sm90_timeline.py --boundary TRACE.bin -   (forward: the tile-end steps)
 
 The trace: 8 CTAs x 4 warpgroups x 8192 slots of (clock64 << 8 | event), then the SM clock in kHz
 (the events: sm90_fwd_timeline.patch, sm90_bwd_timeline.patch). One lane per warpgroup of one
@@ -70,10 +71,12 @@ def boundary(path):
                 continue
             starts = [i for i, (_, e) in enumerate(lane) if e == 1]
             tiles += [lane[b][0] - lane[a][0] for a, b in zip(starts, starts[1:])]
-            for i in starts[1:]:
-                j = max(k for k in range(i) if lane[k][1] == 6) if any(lane[k][1] == 6 for k in range(i)) else None
-                m = next((k for k in range(i, len(lane)) if lane[k][1] == 5), None)
-                if j is None or m is None:
+            for prev, i in zip(starts, starts[1:]):
+                # the previous tile's last P V (none: a tile with no key block, left out) and this
+                # tile's first softmax
+                j = next((k for k in range(i - 1, prev, -1) if lane[k][1] == 6), None)
+                m = next((k for k in range(i + 1, len(lane)) if lane[k][1] in (1, 5)), None)
+                if j is None or m is None or lane[m][1] != 5:
                     continue
                 for (ta, ea), (tb, eb) in zip(lane[j:m], lane[j + 1:m + 1]):
                     steps.setdefault((wg, f"{names.get(ea, ea)} -> {names.get(eb, eb)}"), []).append(tb - ta)
@@ -95,6 +98,8 @@ def main():
                     "softmax over CTAs 0-7, per consumer, and stop")
     args = ap.parse_args()
     if args.boundary:
+        if args.kind != "fwd":
+            ap.error("--boundary: forward traces only")
         boundary(args.trace)
         return
     kind = KINDS[args.kind]

@@ -121,8 +121,9 @@ struct Sm90FwdConfig {
   // tile's end within a GEMM turn of each other, and the tensor cores idle through their
   // epilogues until the next tile's first S (the sums and the lse took about half of each
   // warpgroup's 1 µs epilogue in the timeline at D = 128 full 1K). H100 A/B at 52ec079: D = 128
-  // +1 % (+0.3-2.7 % at S ≤ 4K, most at causal 512 and 2K), D = 256 flat, D = 64's 128-row
-  // kernel −3 to −7 % at causal S ≤ 1K: D = 128 only.
+  // +1 % (+0.3-2.7 % in 15 of 16 measurements, 8 points of S ≤ 4K × 2 rounds, most at causal 512
+  // and 2K), D = 256 flat, D = 64's 128-row kernel −3 to −7 % at causal S ≤ 1K, its 192-row one
+  // +2-4 % at full 512 but flat from 1K: D = 128 only.
   static constexpr bool kFinishRowsUnderLastPv = kPingPong;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
