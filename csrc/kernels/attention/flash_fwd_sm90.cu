@@ -506,29 +506,37 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       acc_o[4 * i + 3] *= alpha[1];
     }
   };
-  // A tile's rows once its last softmax is done (Config::kFinishRowsUnderLastPv: under its last
-  // P V): the sums over each row's lane quad, 1 / l (0 for a row that saw no key) and the lse,
-  // stored.
+  // A tile's rows once its last softmax is done: row r's sum over its lane quad (returned) and
+  // 1 / l (0 for a row that saw no key); row r's lse stored at `row` (offset: the sequence's).
+  const auto row_total = [&](int r, float& inv) {
+    float total = row_sum[r];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    if constexpr (Config::kShortTiles) {
+      // (total ≥ 1 where a key was seen, the max's own weight being exactly 1: the approximate
+      // reciprocal is within an fp32 ulp of 1 / total, and the lse's approximate log2 within
+      // about 2^-22 of log2(total), absolute)
+      inv = total > 0.0f ? ptx::rcp_approx(total) : 0.0f;
+    } else {
+      inv = total > 0.0f ? 1.0f / total : 0.0f;
+    }
+    return total;
+  };
+  const auto lse_offset = [&] { return varlen ? x.row_q : int64_t(x.batch) * p.lse_batch_stride; };
+  const auto store_lse = [&](int r, int row, float total, int64_t offset) {
+    if (p.lse != nullptr && quad == 0) {
+      using Log2 = std::conditional_t<Config::kShortTiles, Log2Approx, Log2f>;
+      p.lse[offset + int64_t(x.head) * p.lse_head_stride + row] = row_lse({row_max[r] * score_scale, total}, Log2{});
+    }
+  };
+  // Both rows' sums, 1 / l and lse (Config::kFinishRowsUnderLastPv: under the tile's last P V).
   const auto finish_rows = [&](float (&inv)[2]) {
+    const int64_t offset = lse_offset();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float total = row_sum[r];
-      total += __shfl_xor_sync(0xffffffffu, total, 1);
-      total += __shfl_xor_sync(0xffffffffu, total, 2);
-      if constexpr (Config::kShortTiles) {
-        // (total ≥ 1 where a key was seen, the max's own weight being exactly 1: the approximate
-        // reciprocal is within an fp32 ulp of 1 / total, and the lse's approximate log2 within
-        // about 2^-22 of log2(total), absolute)
-        inv[r] = total > 0.0f ? ptx::rcp_approx(total) : 0.0f;
-      } else {
-        inv[r] = total > 0.0f ? 1.0f / total : 0.0f;
-      }
+      const float total = row_total(r, inv[r]);
       const int row = x.m_start + row0 + 8 * r;
-      if (p.lse != nullptr && quad == 0 && row < x.seqlen_q) {
-        using Log2 = std::conditional_t<Config::kShortTiles, Log2Approx, Log2f>;
-        const int64_t lse_offset = varlen ? x.row_q : int64_t(x.batch) * p.lse_batch_stride;
-        p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] = row_lse({row_max[r] * score_scale, total}, Log2{});
-      }
+      if (row < x.seqlen_q) store_lse(r, row, total, offset);
     }
   };
   // A stage's GEMMs of this warpgroup are done (wgmma is collective: every warp issued them);
@@ -690,21 +698,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
       }
     } else {
-      // (the sums, O from registers and the lse row by row, as before finish_rows existed: written
-      // apart so that these kernels' machine code stays what was measured)
+      // (row by row: the sum, O from registers, the lse. In finish_rows' order, lse before O, ptxas
+      // allocates these kernels' registers differently, up to an extra instruction in D = 256's
+      // 80-key loop; this order keeps the machine code that was measured.)
       const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
-      const int64_t lse_offset = varlen ? x.row_q : int64_t(x.batch) * p.lse_batch_stride;
+      const int64_t offset = lse_offset();
       T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float total = row_sum[r];
-        total += __shfl_xor_sync(0xffffffffu, total, 1);
-        total += __shfl_xor_sync(0xffffffffu, total, 2);
-        if constexpr (Config::kShortTiles) {
-          inv[r] = total > 0.0f ? ptx::rcp_approx(total) : 0.0f;  // (as in finish_rows)
-        } else {
-          inv[r] = total > 0.0f ? 1.0f / total : 0.0f;
-        }
+        const float total = row_total(r, inv[r]);
         const int row = x.m_start + row0 + 8 * r;
         if (row >= x.seqlen_q) continue;
         if (!tma_o) {
@@ -718,11 +720,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                 ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv[r], acc_o[4 * i + 2 * r + 1] * inv[r]);
           }
         }
-        if (p.lse != nullptr && quad == 0) {
-          using Log2 = std::conditional_t<Config::kShortTiles, Log2Approx, Log2f>;
-          p.lse[lse_offset + int64_t(x.head) * p.lse_head_stride + row] =
-              row_lse({row_max[r] * score_scale, total}, Log2{});
-        }
+        store_lse(r, row, total, offset);
       }
     }
     if (tma_o) {
