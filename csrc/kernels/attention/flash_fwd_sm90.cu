@@ -39,7 +39,8 @@
 // third consumer warpgroup keeps the tensor cores fed while the other two exponentiate (as
 // FlashAttention-3 does there); at D = 128 and 256 the GEMMs dominate and two suffice, and at
 // D = 128 they take turns issuing them (kPingPong: one's softmax runs under the other's GEMMs)
-// and work out a tile's row sums and lse under its last P V (kFinishRowsUnderLastPv).
+// and run a tile's epilogue under the GEMMs beside it: its row sums and lse under its last P V,
+// its O under the next tile's first S (kEpilogueUnderGemms).
 // Causal and windowed calls at D = 64 whose rows see under 4K keys take 128-row blocks on two (a
 // third less masked work on the diagonal blocks). Those, and unmasked dense D = 64 calls under 2K
 // keys (192 rows), run the short-tile form (Sm90FwdConfig::kShortTiles).
@@ -116,15 +117,17 @@ struct Sm90FwdConfig {
   // A/B at 4e6e00f: causal S = 512-2K +1-4 %, full flat. On D = 64's 128-row blocks it cost
   // 1-3 % at causal 1K-2K (the exponentials there cost as much as the GEMMs), so not there.
   static constexpr bool kPingPong = kHeadDim == 128 && kBlockM == 128;
-  // Whether a tile's row sums, 1 / l and lse are worked out under its last P V rather than after
-  // it, so that what waits for that P V is O's epilogue alone: both consumer warpgroups reach a
-  // tile's end within a GEMM turn of each other, and the tensor cores idle through their
-  // epilogues until the next tile's first S (the sums and the lse took about half of each
-  // warpgroup's 1 µs epilogue in the timeline at D = 128 full 1K). H100 A/B at 52ec079: D = 128
-  // +1 % (+0.3-2.7 % in 15 of 16 measurements, 8 points of S ≤ 4K × 2 rounds, most at causal 512
-  // and 2K), D = 256 flat, D = 64's 128-row kernel −3 to −7 % at causal S ≤ 1K, its 192-row one
-  // +2-4 % at full 512 but flat from 1K: D = 128 only.
-  static constexpr bool kFinishRowsUnderLastPv = kPingPong;
+  // Whether a tile's epilogue runs under the GEMMs beside it: its row sums, 1 / l and lse under its
+  // last P V, and its O (stmatrix and TMA store, or the register stores) under the next tile's
+  // first S. At D = 128 both consumer warpgroups reach a tile's end within a GEMM turn of each
+  // other, and the tensor cores idled through both epilogues until the next tile's first S (the
+  // timeline at D = 128 full 1K: 2.2-2.45 µs per warpgroup from the last P V to the next tile's
+  // first softmax; the sums and lse about 0.5 µs of it, O's stores 0.35 µs). H100 A/Bs, bf16,
+  // S = 512-4K, full and causal, two rounds each: the sums and lse at 52ec079 +1 % (+0.3-2.7 % in
+  // 15 of 16 measurements); O under the next S at 2ee89d4 another +1.4 % (+0.4-2.5 % in 15 of 16;
+  // D = 64, unchanged, at 0.983-1.009). The sums alone cost D = 64's 128-row kernel 3-7 % at causal
+  // S ≤ 1K and left D = 256 flat: D = 128 only.
+  static constexpr bool kEpilogueUnderGemms = kPingPong;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
@@ -529,7 +532,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       p.lse[offset + int64_t(x.head) * p.lse_head_stride + row] = row_lse({row_max[r] * score_scale, total}, Log2{});
     }
   };
-  // Both rows' sums, 1 / l and lse (Config::kFinishRowsUnderLastPv: under the tile's last P V).
+  // Both rows' sums, 1 / l and lse (Config::kEpilogueUnderGemms: under the tile's last P V).
   const auto finish_rows = [&](float (&inv)[2]) {
     const int64_t offset = lse_offset();
 #pragma unroll
@@ -538,6 +541,53 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       const int row = x.m_start + row0 + 8 * r;
       if (row < x.seqlen_q) store_lse(r, row, total, offset);
     }
+  };
+  // O / l of tile y out of acc_o (Config::kEpilogueUnderGemms), by TMA through this warpgroup's
+  // part of the O tile or from registers: as the epilogue below writes it (no O in a stage there).
+  const auto write_o = [&](const Tile& y, bool tma, const float (&iv)[2]) {
+    static_assert(!Config::kEpilogueUnderGemms || (!Config::kOInStage && Config::kPeelFirstBlock),
+                  "a deferred O has no stage of its own and leaves under a peeled first S");
+    if (!tma) {
+      const int64_t o_offset = varlen ? y.row_q * p.o_row_stride : int64_t(y.batch) * p.o_batch_stride;
+      T* o = static_cast<T*>(p.o) + o_offset + int64_t(y.head) * p.o_head_stride;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = y.m_start + row0 + 8 * r;
+        if (row >= y.seqlen_q) continue;
+#pragma unroll
+        for (int i = 0; i < kHeadDim / 8; ++i) {
+          if constexpr (Config::kNarrowHeadDims) {  // (a head dim under the kernel's: O has only its own columns)
+            if (8 * i >= p.head_dim) break;
+          }
+          const int col = 8 * i + 2 * quad;
+          *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
+              ptx::pack2<T>(acc_o[4 * i + 2 * r] * iv[r], acc_o[4 * i + 2 * r + 1] * iv[r]);
+        }
+      }
+      return;
+    }
+    unsigned char* part = smem_o + c * (64 * 128 * kSlabs);
+    if (threadIdx.x % 128 == 0) sm90::bulk_wait_group_read<0>();
+    sm90::named_barrier_sync(4 + c, 128);
+    sm90::stmatrix_accumulator<T, kHeadDim>(part, 64 * 128, acc_o, iv[0], iv[1]);
+    sm90::fence_proxy_async();  // (the generic stores before the copy engine's reads)
+    sm90::named_barrier_sync(4 + c, 128);
+    if (threadIdx.x % 128 == 0) {
+      for (int slab = 0; slab < kSlabs; ++slab) {
+        sm90::tma_store_4d(&maps.o, part + slab * (64 * 128), 64 * slab, y.head, int(y.row_q) + y.m_start + 64 * c,
+                           y.tma_batch);
+      }
+      sm90::bulk_commit_group();
+    }
+  };
+  // A tile whose O waits for the next tile's first S to be issued (Config::kEpilogueUnderGemms):
+  // its fields, whether its O leaves by TMA, its 1 / l.
+  Tile done{};
+  bool o_pending = false, done_tma = false;
+  float done_inv[2] = {0.0f, 0.0f};
+  const auto flush_o = [&] {
+    if (o_pending) write_o(done, done_tma, done_inv);
+    o_pending = false;
   };
   // A stage's GEMMs of this warpgroup are done (wgmma is collective: every warp issued them);
   // unless `keep`: a stage this warpgroup writes O through, released after the store (below).
@@ -584,8 +634,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     const int full_hi = upper < 0 ? 0 : upper / kBlockN + 1;
     const int lower = p.window_left < 0 ? 0 : x.m_last + x.diag - p.window_left - x.n_lo;
     const int full_lo = lower <= 0 ? 0 : (lower + kBlockN - 1) / kBlockN;
+    if constexpr (!Config::kEpilogueUnderGemms) {
 #pragma unroll
-    for (int e = 0; e < kHeadDim / 2; ++e) acc_o[e] = 0.0f;
+      for (int e = 0; e < kHeadDim / 2; ++e) acc_o[e] = 0.0f;
+    }
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
     const int n_lo = x.n_lo, num_n_blocks = x.num_n_blocks;
@@ -605,6 +657,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         my_turn();
         issue_s(kv_uses % kStages);
         your_turn();
+        if constexpr (Config::kEpilogueUnderGemms) {
+          // The previous tile's O, under this S. (wait_group 1: every group but this S is done,
+          // as the previous tile's last P V is; ptxas then knows acc_o is free to read and does
+          // not insert a wait of its own, which would serialise the wgmmas.)
+          sm90::wgmma_wait<1>();
+          flush_o();
+#pragma unroll
+          for (int e = 0; e < kHeadDim / 2; ++e) acc_o[e] = 0.0f;
+        }
         sm90::wgmma_wait<0>();
         sm90::fence_operands(s);
         release(k_empty, kv_uses % kStages, hold_k && num_n_blocks == 1);
@@ -656,7 +717,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       my_turn();
       issue_pv(last);
       your_turn();
-      if constexpr (Config::kFinishRowsUnderLastPv) {
+      if constexpr (Config::kEpilogueUnderGemms) {
         finish_rows(inv);
         pin_wait(inv[0] + inv[1]);
       }
@@ -667,61 +728,55 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       kv_uses += num_n_blocks;
     }
 
-    // Epilogue: O / l (0 for a row that saw no key) and the lse (unless done under the last P V;
-    // a tile with no key block has none: O 0 and lse −inf), O's own columns. Where the call has a
-    // map of O, each warpgroup writes its 64 rows through its part of the O tile (D ≤ 128) or the
-    // stage it kept (D = 256, a tile that loaded one) and one TMA store per slab (rows past the
-    // sequence and columns past the head dim left out), and goes on to its next tile while the
-    // copy engine writes them (D = 256: once the copy has read the stage, which it then releases);
-    // otherwise O goes straight from registers.
-    if constexpr (Config::kFinishRowsUnderLastPv) {
-      if (num_n_blocks == 0) finish_rows(inv);
+    // Epilogue: O / l (0 for a row that saw no key) and the lse (a tile with no key block has
+    // none: O 0 and lse −inf), O's own columns. Where the call has a map of O, each warpgroup
+    // writes its 64 rows through its part of the O tile (D ≤ 128) or the stage it kept (D = 256, a
+    // tile that loaded one) and one TMA store per slab (rows past the sequence and columns past
+    // the head dim left out), and goes on to its next tile while the copy engine writes them
+    // (D = 256: once the copy has read the stage, which it then releases); otherwise O goes
+    // straight from registers. At D = 128 (kEpilogueUnderGemms) the lse was done under the last
+    // P V, and O is written under the next tile's first S (write_o, flush_o).
+    if constexpr (Config::kEpilogueUnderGemms) {
+      const bool tma = store_o != 0;
+      if (num_n_blocks > 0) {  // O leaves under the next tile's first S (or after the last tile)
+        done = x;
+        done_tma = tma;
+        done_inv[0] = inv[0];
+        done_inv[1] = inv[1];
+        o_pending = true;
+      } else {  // no key block: the previous tile's O, then this one's zeros
+        flush_o();
+#pragma unroll
+        for (int e = 0; e < kHeadDim / 2; ++e) acc_o[e] = 0.0f;
+        finish_rows(inv);
+        write_o(x, tma, inv);
+      }
+      continue;
     }
     const bool tma_o = store_o && (!Config::kOInStage || num_n_blocks > 0);
-    if constexpr (Config::kFinishRowsUnderLastPv) {
+    // (row by row: the sum, O from registers, the lse. In finish_rows' order, lse before O, ptxas
+    // allocates these kernels' registers differently, up to an extra instruction in D = 256's
+    // 80-key loop; this order keeps the machine code that was measured.)
+    const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
+    const int64_t offset = lse_offset();
+    T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float total = row_total(r, inv[r]);
+      const int row = x.m_start + row0 + 8 * r;
+      if (row >= x.seqlen_q) continue;
       if (!tma_o) {
-        const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
-        T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = x.m_start + row0 + 8 * r;
-          if (row >= x.seqlen_q) continue;
-#pragma unroll
-          for (int i = 0; i < kHeadDim / 8; ++i) {
-            if constexpr (Config::kNarrowHeadDims) {  // (a head dim under the kernel's: O has only its own columns)
-              if (8 * i >= p.head_dim) break;
-            }
-            const int col = 8 * i + 2 * quad;
-            *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
-                ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv[r], acc_o[4 * i + 2 * r + 1] * inv[r]);
+        for (int i = 0; i < kHeadDim / 8; ++i) {
+          if constexpr (Config::kNarrowHeadDims) {  // (a head dim under the kernel's: O has only its own columns)
+            if (8 * i >= p.head_dim) break;
           }
+          const int col = 8 * i + 2 * quad;
+          *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
+              ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv[r], acc_o[4 * i + 2 * r + 1] * inv[r]);
         }
       }
-    } else {
-      // (row by row: the sum, O from registers, the lse. In finish_rows' order, lse before O, ptxas
-      // allocates these kernels' registers differently, up to an extra instruction in D = 256's
-      // 80-key loop; this order keeps the machine code that was measured.)
-      const int64_t o_offset = varlen ? x.row_q * p.o_row_stride : int64_t(x.batch) * p.o_batch_stride;
-      const int64_t offset = lse_offset();
-      T* o = static_cast<T*>(p.o) + o_offset + int64_t(x.head) * p.o_head_stride;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float total = row_total(r, inv[r]);
-        const int row = x.m_start + row0 + 8 * r;
-        if (row >= x.seqlen_q) continue;
-        if (!tma_o) {
-#pragma unroll
-          for (int i = 0; i < kHeadDim / 8; ++i) {
-            if constexpr (Config::kNarrowHeadDims) {  // (a head dim under the kernel's: O has only its own columns)
-              if (8 * i >= p.head_dim) break;
-            }
-            const int col = 8 * i + 2 * quad;
-            *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.o_row_stride + col) =
-                ptx::pack2<T>(acc_o[4 * i + 2 * r] * inv[r], acc_o[4 * i + 2 * r + 1] * inv[r]);
-          }
-        }
-        store_lse(r, row, total, offset);
-      }
+      store_lse(r, row, total, offset);
     }
     if (tma_o) {
       unsigned char* part;  // this warpgroup's 64 rows: slabs of 64 rows × 128 bytes
@@ -761,6 +816,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
     }
   }
+  if constexpr (Config::kEpilogueUnderGemms) flush_o();  // the last tile's O
   if constexpr (Config::kPingPong) {
     if (c == 0) sm90::named_barrier_sync(1, 256);  // (warpgroup 1's last hand-over)
   }
