@@ -38,9 +38,10 @@
 // At D = 64 a warpgroup's exponentials (8K per block) take about as long as its two GEMMs, so a
 // third consumer warpgroup keeps the tensor cores fed while the other two exponentiate (as
 // FlashAttention-3 does there); at D = 128 and 256 the GEMMs dominate and two suffice, and at
-// D = 128 they take turns issuing them (kPingPong: one's softmax runs under the other's GEMMs)
-// and run a tile's epilogue under the GEMMs beside it: its row sums and lse under its last P V,
-// its O under the next tile's first S (kEpilogueUnderGemms).
+// D = 128 they take turns issuing them (kPingPong: one's softmax runs under the other's GEMMs).
+// At D = 128 and in D = 64's 192-row kernels a tile's epilogue runs under the GEMMs
+// beside it: its row sums and lse under its last P V, its O under the next tile's first S
+// (kEpilogueUnderGemms).
 // Causal and windowed calls at D = 64 whose rows see under 4K keys take 128-row blocks on two (a
 // third less masked work on the diagonal blocks). Those, and unmasked dense D = 64 calls under 2K
 // keys (192 rows), run the short-tile form (Sm90FwdConfig::kShortTiles).
@@ -122,12 +123,14 @@ struct Sm90FwdConfig {
   // first S. At D = 128 both consumer warpgroups reach a tile's end within a GEMM turn of each
   // other, and the tensor cores idled through both epilogues until the next tile's first S (the
   // timeline at D = 128 full 1K: 2.2-2.45 µs per warpgroup from the last P V to the next tile's
-  // first softmax; the sums and lse about 0.5 µs of it, O's stores 0.35 µs). H100 A/Bs, bf16,
-  // S = 512-4K, full and causal, two rounds each: the sums and lse at 52ec079 +1 % (+0.3-2.7 % in
-  // 15 of 16 measurements); O under the next S at 2ee89d4 another +1.4 % (+0.4-2.5 % in 15 of 16;
-  // D = 64, unchanged, at 0.983-1.009). The sums alone cost D = 64's 128-row kernel 3-7 % at causal
-  // S ≤ 1K and left D = 256 flat: D = 128 only.
-  static constexpr bool kEpilogueUnderGemms = kPingPong;
+  // first softmax; the sums and lse about 0.5 µs of it, O's stores 0.35 µs). H100 A/Bs, S = 512-4K,
+  // full and causal, two rounds each: at D = 128 the sums and lse (52ec079) +1 % (+0.3-2.7 % in 15
+  // of 16 measurements), O under the next S (2ee89d4) another +1.4 % (+0.4-2.5 % in 15 of 16); in
+  // D = 64's 192-row kernels both (2865a26, bf16 and fp16) +1.4 % (full 512-2K +1-3 %, full 1K
+  // +0.7-2.5 %). Not in D = 64's 128-row kernel (its first block runs inside its key loop, so no
+  // first S stands apart to hide O under; the sums alone cost it 3-7 % at causal S ≤ 1K) nor at
+  // D = 256 (O leaves through a K / V stage; the sums alone were flat there).
+  static constexpr bool kEpilogueUnderGemms = kPingPong || kConsumers == 3;
   static constexpr int kSlabs = kHeadDim / 64;
   static constexpr int kSlabBytesQ = kBlockM * 128, kTileBytesQ = kSlabs * kSlabBytesQ;
   static constexpr int kSlabBytesKV = kBlockN * 128, kTileBytesKV = kSlabs * kSlabBytesKV;
@@ -734,7 +737,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // tile that loaded one) and one TMA store per slab (rows past the sequence and columns past
     // the head dim left out), and goes on to its next tile while the copy engine writes them
     // (D = 256: once the copy has read the stage, which it then releases); otherwise O goes
-    // straight from registers. At D = 128 (kEpilogueUnderGemms) the lse was done under the last
+    // straight from registers. Where kEpilogueUnderGemms holds, the lse was done under the last
     // P V, and O is written under the next tile's first S (write_o, flush_o).
     if constexpr (Config::kEpilogueUnderGemms) {
       const bool tma = store_o != 0;
