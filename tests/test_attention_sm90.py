@@ -62,8 +62,12 @@ def test_short_last_blocks_on_persistent_ctas(dtype, head_dim):
 def test_long_masked_calls_at_d64(dtype):
     # D = 64 under a mask that leaves a row 4K keys or more: 192-row blocks on three consumers.
     # Causal at 4416: 23 query blocks, 12 units per head (the middle block alone in its unit),
-    # 132 units on 132 SMs (paired); a short query block against long keys; a window 4201 keys wide.
+    # 132 units on 132 SMs (paired); causal 6000 queries on 4096 keys (bottom-right): the first
+    # 1904 rows see no key, so units pair a block with keys and one without (its O written at
+    # once, after the previous tile's pending O), 176 units walked by 132 CTAs; a short query block
+    # against long keys; a window 4201 keys wide.
     check_attention(*make_qkv(1, 4416, 4416, 11, 1, 64, dtype), attend, causal=True)
+    check_attention(*make_qkv(1, 6000, 4096, 11, 1, 64, dtype), attend, causal=True)
     check_attention(*make_qkv(1, 200, 4300, 4, 2, 64, dtype), attend, causal=True)
     check_attention(*make_qkv(1, 700, 4500, 4, 2, 64, dtype), attend, window_size=(4000, 200))
 

@@ -740,7 +740,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // straight from registers. Where kEpilogueUnderGemms holds, the lse was done under the last
     // P V, and O is written under the next tile's first S (write_o, flush_o).
     if constexpr (Config::kEpilogueUnderGemms) {
-      const bool tma = store_o != 0;
+      const bool tma = store_o;
       if (num_n_blocks > 0) {  // O leaves under the next tile's first S (or after the last tile)
         done = x;
         done_tma = tma;
