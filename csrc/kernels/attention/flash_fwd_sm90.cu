@@ -742,10 +742,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // straight from registers. Where kEpilogueUnderGemms holds, the lse was done under the last
     // P V, and O is written under the next tile's first S (write_o, flush_o).
     if constexpr (Config::kEpilogueUnderGemms) {
-      const bool tma = store_o;
       if (num_n_blocks > 0) {  // O leaves under the next tile's first S (or after the last tile)
         done = x;
-        done_tma = tma;
+        done_tma = store_o;
         done_inv[0] = inv[0];
         done_inv[1] = inv[1];
         o_pending = true;
@@ -754,7 +753,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < kHeadDim / 2; ++e) acc_o[e] = 0.0f;
         finish_rows(inv);
-        write_o(x, tma, inv);
+        write_o(x, store_o, inv);
       }
       continue;
     }
