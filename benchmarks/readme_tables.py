@@ -1,6 +1,8 @@
 """Print the performance tables (markdown) from a bench_gelu.py, bench_attention.py or
-bench_decode.py (or bench_models.py) results JSON: every point (docs/performance.md), or with --summary one table per op
-family (the README).
+bench_decode.py (or bench_models.py) results JSON, or from the per-point medians of several runs that
+benchmarks/attention_runs.py gathers (a *_runs.json, with its *_runs_sdpa_flash.json beside it where
+there is one): every point (docs/performance.md), or with --summary one table per op family (the
+README).
 
     python benchmarks/readme_tables.py benchmarks/results/gelu.json
     python benchmarks/readme_tables.py --summary benchmarks/results/attention.json
@@ -8,6 +10,8 @@ family (the README).
     python benchmarks/readme_tables.py --summary benchmarks/results/decode.json
     python benchmarks/readme_tables.py benchmarks/results/attention_sparse.json
     python benchmarks/readme_tables.py benchmarks/results/models.json
+    python benchmarks/readme_tables.py --summary benchmarks/results/attention_h100_runs.json
+    python benchmarks/readme_tables.py benchmarks/results/decode_h100_runs.json
 """
 
 import json
@@ -223,8 +227,102 @@ def gelu_summary(payload, ceiling: float) -> None:
     print("\n(the largest and the smallest size of each; every size is in docs/performance.md)")
 
 
+ANCHOR_NAMES = {"sdpa_cudnn": "cuDNN", "sdpa_flash": "SDPA flash"}
+
+
+def runs_tables(path: Path, summary: bool = False) -> None:
+    """A *_runs.json (attention_runs.py): per point, flashext's ratio to the file's anchor in each run
+    and the median of the runs, and flashext's median rate; the anchors of sibling files
+    (`<stem>_<anchor>.json`, e.g. attention_runs_sdpa_flash.json) as further median columns. With
+    `summary`, per head dim the worst / median of the medians at S >= 1024 and at S = 512 (attention),
+    or per shape the fp16 / bf16 medians (decode)."""
+    payload = json.loads(path.read_text())
+    section, anchor = payload["section"], payload["anchor"]
+    others = {}
+    for sibling in sorted(path.parent.glob(f"{path.stem}_*.json")):
+        other = json.loads(sibling.read_text())
+        others[other["anchor"]] = {key_of(p): p for p in other["points"]}
+    runs = payload["runs"]
+    commits = sorted({r["commit"][:7] for r in runs})
+    print(f"{runs[0]['gpu']}, torch {runs[0]['torch']}, commit {', '.join(f'`{c}`' for c in commits)}, "
+          f"{runs[0]['date'][:10]}: {len(runs)} runs; ratios are time(anchor) / time(flashext), per point the "
+          f"median of the runs.\n")
+    metric = {"fwd": "ms", "train": "fwd_bwd_ms", "decode": "ms"}[section]
+    rate = {"fwd": ("tflops", "TFLOP/s"), "train": ("fwd_bwd_tflops", "fwd+bwd TFLOP/s"),
+            "decode": ("gbps", "GB/s")}[section]
+    names = [anchor] + [a for a in others if a != anchor]
+
+    def median(point, name):
+        if name == anchor:
+            return point[metric]["median"]
+        other = others[name].get(key_of(point))
+        return other[metric]["median"] if other else None
+
+    def ours(point):
+        return point.get("flashext", {}).get(rate[0])
+
+    points = payload["points"]
+    if section == "decode":
+        if summary:
+            shapes = sorted({(p["batch"], p["seqlen"]) for p in points})
+            rated = any(ours(p) is not None for p in points)
+            table(["B × KV length"] + ([f"flashext {rate[1]}"] if rated else [])
+                  + [f"vs {ANCHOR_NAMES.get(n, n)}, fp16 / bf16" for n in names],
+                  ([f"{b} × {s}"] + ([rate_range(ours(p) for p in points if (p["batch"], p["seqlen"]) == (b, s))] if rated else [])
+                   + [(" / ".join(f"{median(p, n):.3f}×" for dtype in ("fp16", "bf16") for p in points
+                                 if (p["batch"], p["seqlen"], p["dtype"]) == (b, s, dtype))) for n in names]
+                   for b, s in shapes))
+        else:
+            table(["dtype", "B × KV length", f"flashext {rate[1]}", f"vs {ANCHOR_NAMES.get(anchor, anchor)} (runs)"]
+                  + [f"vs {ANCHOR_NAMES.get(n, n)}" for n in names],
+                  ([p["dtype"], f"{p['batch']} × {p['seqlen']}", f"{ours(p):.0f}" if ours(p) is not None else "n/a",
+                    " / ".join(f"{v:.3f}" for v in p[metric]["runs"]), *(f"{median(p, n):.3f}×" for n in names)]
+                   for p in points))
+        return
+    if summary:
+        def cell(values):
+            values = [v for v in values if v is not None]
+            return f"{min(values):.2f}× / {statistics.median(values):.2f}×" if values else "n/a"
+
+        head_dims = sorted({p["head_dim"] for p in points})
+        rated = any(ours(p) is not None for p in points)  # (runs gathered before the rates were kept: none)
+        table(["head dim"] + ([f"flashext {rate[1]}"] if rated else [])
+              + [f"vs {ANCHOR_NAMES.get(n, n)}, S {where}" for n in names for where in ("≥ 1024", "= 512")],
+              ([str(d)] + ([rate_range(ours(p) for p in points if p["head_dim"] == d)] if rated else [])
+               + [cell(median(p, n) for p in points if p["head_dim"] == d and (p["seqlen"] >= 1024) == long)
+                  for n in names for long in (True, False)]
+               for d in head_dims))
+        bar = payload["bar"][metric]
+        worst = bar["worst_point"]
+        print(f"\n(worst / median of the per-point medians over fp16 and bf16, causal and not; over the "
+              f"{bar['points']} points with S ≥ {bar['min_seqlen']} at D = {', '.join(map(str, bar['head_dims']))}: "
+              f"median {bar['median']:.3f}×, worst {bar['worst']:.3f}× {ANCHOR_NAMES.get(anchor, anchor)}, "
+              f"{worst['dtype']} D = {worst['head_dim']} {'causal' if worst['causal'] else 'full'} S = {worst['seqlen']})")
+        return
+    table(["dtype", "D", "mask", "S", f"flashext {rate[1]}", f"vs {ANCHOR_NAMES.get(anchor, anchor)} (runs)"]
+          + [f"vs {ANCHOR_NAMES.get(n, n)}" for n in names],
+          ([p["dtype"], str(p["head_dim"]), "causal" if p["causal"] else "full", str(p["seqlen"]),
+            f"{ours(p):.0f}" if ours(p) is not None else "n/a", " / ".join(f"{v:.3f}" for v in p[metric]["runs"]),
+            *(f"{v:.3f}×" if (v := median(p, n)) is not None else "n/a" for n in names)]
+           for p in points))
+
+
+def key_of(point: dict) -> tuple:
+    """A point's identity in a runs file (everything but its measurements)."""
+    return tuple(sorted((k, v) for k, v in point.items() if not isinstance(v, dict)))
+
+
+def rate_range(values) -> str:
+    """min-max of the rates a runs file kept ("n/a" where its runs predate them)."""
+    values = [v for v in values if v is not None]
+    return f"{min(values):.0f}-{max(values):.0f}" if values else "n/a"
+
+
 def main(path: str, summary: bool = False) -> None:
     payload = json.loads(Path(path).read_text())
+    if "points" in payload and "runs" in payload:
+        runs_tables(Path(path), summary)
+        return
     sections = {r["section"] for r in payload["rows"]}
     if sections & {"fwd", "memory", "softmax"}:
         attention_tables(payload, summary)
