@@ -237,46 +237,45 @@ def runs_tables(path: Path, summary: bool = False) -> None:
     `summary`, per head dim the worst / median of the medians at S >= 1024 and at S = 512 (attention),
     or per shape the fp16 / bf16 medians (decode)."""
     payload = json.loads(path.read_text())
-    section, anchor = payload["section"], payload["anchor"]
+    section, anchor, points, runs = payload["section"], payload["anchor"], payload["points"], payload["runs"]
     others = {}
     for sibling in sorted(path.parent.glob(f"{path.stem}_*.json")):
         other = json.loads(sibling.read_text())
         others[other["anchor"]] = {key_of(p): p for p in other["points"]}
-    runs = payload["runs"]
     commits = sorted({r["commit"][:7] for r in runs})
     print(f"{runs[0]['gpu']}, torch {runs[0]['torch']}, commit {', '.join(f'`{c}`' for c in commits)}, "
           f"{runs[0]['date'][:10]}: {len(runs)} runs; ratios are time(anchor) / time(flashext), per point the "
           f"median of the runs.\n")
     metric = {"fwd": "ms", "train": "fwd_bwd_ms", "decode": "ms"}[section]
-    rate = {"fwd": ("tflops", "TFLOP/s"), "train": ("fwd_bwd_tflops", "fwd+bwd TFLOP/s"),
-            "decode": ("gbps", "GB/s")}[section]
+    rate, rate_unit = {"fwd": ("tflops", "TFLOP/s"), "train": ("fwd_bwd_tflops", "fwd+bwd TFLOP/s"),
+                       "decode": ("gbps", "GB/s")}[section]
     names = [anchor] + [a for a in others if a != anchor]
+    label = {n: ANCHOR_NAMES.get(n, n) for n in names}
 
-    def median(point, name):
-        if name == anchor:
-            return point[metric]["median"]
-        other = others[name].get(key_of(point))
-        return other[metric]["median"] if other else None
+    def median(point, name):  # the point's median ratio to `name`, None where that file lacks it
+        found = point if name == anchor else others[name].get(key_of(point))
+        return found[metric]["median"] if found else None
 
-    def ours(point):
-        return point.get("flashext", {}).get(rate[0])
+    def ours(point):  # flashext's rate (runs gathered before the rates were kept: None)
+        return point.get("flashext", {}).get(rate)
 
-    points = payload["points"]
+    def fmt(value, spec):
+        return "n/a" if value is None else format(value, spec)
+
+    rated = any(ours(p) is not None for p in points)
     if section == "decode":
         if summary:
             shapes = sorted({(p["batch"], p["seqlen"]) for p in points})
-            rated = any(ours(p) is not None for p in points)
-            table(["B × KV length"] + ([f"flashext {rate[1]}"] if rated else [])
-                  + [f"vs {ANCHOR_NAMES.get(n, n)}, fp16 / bf16" for n in names],
-                  ([f"{b} × {s}"] + ([rate_range(ours(p) for p in points if (p["batch"], p["seqlen"]) == (b, s))] if rated else [])
-                   + [(" / ".join(f"{median(p, n):.3f}×" for dtype in ("fp16", "bf16") for p in points
-                                 if (p["batch"], p["seqlen"], p["dtype"]) == (b, s, dtype))) for n in names]
+            table(["B × KV length"] + [f"flashext {rate_unit}"] * rated + [f"vs {label[n]}, fp16 / bf16" for n in names],
+                  ([f"{b} × {s}"] + [rate_range(ours(p) for p in points if (p["batch"], p["seqlen"]) == (b, s))] * rated
+                   + [" / ".join(fmt(median(p, n), ".3f") + "×" for dtype in ("fp16", "bf16") for p in points
+                                 if (p["batch"], p["seqlen"], p["dtype"]) == (b, s, dtype)) for n in names]
                    for b, s in shapes))
         else:
-            table(["dtype", "B × KV length", f"flashext {rate[1]}", f"vs {ANCHOR_NAMES.get(anchor, anchor)} (runs)"]
-                  + [f"vs {ANCHOR_NAMES.get(n, n)}" for n in names],
-                  ([p["dtype"], f"{p['batch']} × {p['seqlen']}", f"{ours(p):.0f}" if ours(p) is not None else "n/a",
-                    " / ".join(f"{v:.3f}" for v in p[metric]["runs"]), *(f"{median(p, n):.3f}×" for n in names)]
+            table(["dtype", "B × KV length", f"flashext {rate_unit}", f"vs {label[anchor]} (runs)"]
+                  + [f"vs {label[n]}" for n in names],
+                  ([p["dtype"], f"{p['batch']} × {p['seqlen']}", fmt(ours(p), ".0f"),
+                    " / ".join(f"{v:.3f}" for v in p[metric]["runs"]), *(fmt(median(p, n), ".3f") + "×" for n in names)]
                    for p in points))
         return
     if summary:
@@ -285,10 +284,9 @@ def runs_tables(path: Path, summary: bool = False) -> None:
             return f"{min(values):.2f}× / {statistics.median(values):.2f}×" if values else "n/a"
 
         head_dims = sorted({p["head_dim"] for p in points})
-        rated = any(ours(p) is not None for p in points)  # (runs gathered before the rates were kept: none)
-        table(["head dim"] + ([f"flashext {rate[1]}"] if rated else [])
-              + [f"vs {ANCHOR_NAMES.get(n, n)}, S {where}" for n in names for where in ("≥ 1024", "= 512")],
-              ([str(d)] + ([rate_range(ours(p) for p in points if p["head_dim"] == d)] if rated else [])
+        table(["head dim"] + [f"flashext {rate_unit}"] * rated
+              + [f"vs {label[n]}, S {where}" for n in names for where in ("≥ 1024", "= 512")],
+              ([str(d)] + [rate_range(ours(p) for p in points if p["head_dim"] == d)] * rated
                + [cell(median(p, n) for p in points if p["head_dim"] == d and (p["seqlen"] >= 1024) == long)
                   for n in names for long in (True, False)]
                for d in head_dims))
@@ -296,14 +294,13 @@ def runs_tables(path: Path, summary: bool = False) -> None:
         worst = bar["worst_point"]
         print(f"\n(worst / median of the per-point medians over fp16 and bf16, causal and not; over the "
               f"{bar['points']} points with S ≥ {bar['min_seqlen']} at D = {', '.join(map(str, bar['head_dims']))}: "
-              f"median {bar['median']:.3f}×, worst {bar['worst']:.3f}× {ANCHOR_NAMES.get(anchor, anchor)}, "
+              f"median {bar['median']:.3f}×, worst {bar['worst']:.3f}× {label[anchor]}, "
               f"{worst['dtype']} D = {worst['head_dim']} {'causal' if worst['causal'] else 'full'} S = {worst['seqlen']})")
         return
-    table(["dtype", "D", "mask", "S", f"flashext {rate[1]}", f"vs {ANCHOR_NAMES.get(anchor, anchor)} (runs)"]
-          + [f"vs {ANCHOR_NAMES.get(n, n)}" for n in names],
-          ([p["dtype"], str(p["head_dim"]), "causal" if p["causal"] else "full", str(p["seqlen"]),
-            f"{ours(p):.0f}" if ours(p) is not None else "n/a", " / ".join(f"{v:.3f}" for v in p[metric]["runs"]),
-            *(f"{v:.3f}×" if (v := median(p, n)) is not None else "n/a" for n in names)]
+    table(["dtype", "D", "mask", "S", f"flashext {rate_unit}", f"vs {label[anchor]} (runs)"]
+          + [f"vs {label[n]}" for n in names],
+          ([p["dtype"], str(p["head_dim"]), "causal" if p["causal"] else "full", str(p["seqlen"]), fmt(ours(p), ".0f"),
+            " / ".join(f"{v:.3f}" for v in p[metric]["runs"]), *(fmt(median(p, n), ".3f") + "×" for n in names)]
            for p in points))
 
 

@@ -96,6 +96,38 @@ def test_attention_runs_medians_per_point():
     assert (64, 1024) not in [(p["head_dim"], p["seqlen"]) for p in gather(runs, "sdpa_cudnn", "train")["points"]]
 
 
+def test_runs_tables_from_gathered_runs(tmp_path, capsys):
+    """readme_tables renders a runs file (attention_runs.gather's output) and its sibling of another
+    anchor: per point each run's ratio and the medians; with --summary per head dim the worst /
+    median at S >= 1024 and at S = 512, and the bar's line."""
+    import json
+
+    from benchmarks.attention_runs import gather
+    from benchmarks.readme_tables import main
+
+    def run(scale):
+        rows = [{"section": "fwd", "dtype": "bf16", "head_dim": d, "causal": False, "seqlen": s,
+                 "flashext": {"ms": 1.0, "tflops": 300.0 + s / 512},
+                 "sdpa_cudnn": {"ms": t * scale}, "sdpa_flash": {"ms": 2 * t}}
+                for d, s, t in ((64, 512, 0.9), (64, 1024, 0.95), (64, 2048, 1.1), (128, 1024, 1.05))]
+        return {"meta": {"commit": "abc1234", "date": "2026-12-06T00:00", "gpu": "G", "torch": "t"}, "rows": rows}
+
+    runs = [run(1.0), run(1.02), run(0.98)]
+    for anchor, name in (("sdpa_cudnn", "attention_runs.json"), ("sdpa_flash", "attention_runs_sdpa_flash.json")):
+        (tmp_path / name).write_text(json.dumps(gather(runs, anchor, "fwd", head_dims=(64, 128))))
+    main(str(tmp_path / "attention_runs.json"), summary=True)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    assert lines[0] == ("| head dim | flashext TFLOP/s | vs cuDNN, S ≥ 1024 | vs cuDNN, S = 512 | "
+                        "vs SDPA flash, S ≥ 1024 | vs SDPA flash, S = 512 |")
+    assert lines[1:] == ["| 64 | 301-304 | 0.95× / 1.02× | 0.90× / 0.90× | 1.90× / 2.05× | 1.80× / 1.80× |",
+                         "| 128 | 302-302 | 1.05× / 1.05× | n/a | 2.10× / 2.10× | n/a |"]
+    assert "over the 3 points with S ≥ 1024 at D = 64, 128: median 1.050×, worst 0.950× cuDNN" in out
+    main(str(tmp_path / "attention_runs.json"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert lines[1] == "| bf16 | 64 | full | 512 | 301 | 0.900 / 0.918 / 0.882 | 0.900× | 1.800× |"
+
+
 def test_attention_runs_decode_points():
     """bench_decode runs: points by (dtype, batch, seqlen), every point in the bar, only the named
     section's rows (the paged rows beside them are not decode points)."""
