@@ -547,6 +547,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   };
   // O / l of tile y out of acc_o (Config::kEpilogueUnderGemms), by TMA through this warpgroup's
   // part of the O tile or from registers: as the epilogue below writes it (no O in a stage there).
+  // (Written out twice: one helper for both lengthened D = 256's 80-key loop by six instructions,
+  // 1.3 % slower there; docs/notes/attention.md, "What is left".)
   const auto write_o = [&](const Tile& y, bool tma, const float (&iv)[2]) {
     static_assert(!Config::kEpilogueUnderGemms || (!Config::kOInStage && Config::kPeelFirstBlock),
                   "a deferred O has no stage of its own and leaves under a peeled first S");
