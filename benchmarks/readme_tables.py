@@ -232,64 +232,78 @@ ANCHOR_NAMES = {"sdpa_cudnn": "cuDNN", "sdpa_flash": "SDPA flash"}
 
 def runs_tables(path: Path, summary: bool = False) -> None:
     """A *_runs.json (attention_runs.py): per point, flashext's ratio to the file's anchor in each run
-    and the median of the runs, and flashext's median rate; the anchors of sibling files
-    (`<stem>_<anchor>.json`, e.g. attention_runs_sdpa_flash.json) as further median columns. With
-    `summary`, per head dim the worst / median of the medians at S >= 1024 and at S = 512 (attention),
-    or per shape the fp16 / bf16 medians (decode)."""
+    and the median of the runs, and flashext's median rate; the anchors of sibling files of the same
+    section (`<stem>_<anchor>.json`, e.g. attention_runs_sdpa_flash.json) as further median columns.
+    With `summary`, per head dim the worst / median of the medians at S >= 1024 and under it
+    (attention), or per shape the fp16 / bf16 medians (decode)."""
     payload = json.loads(path.read_text())
     section, anchor, points, runs = payload["section"], payload["anchor"], payload["points"], payload["runs"]
     others = {}
     for sibling in sorted(path.parent.glob(f"{path.stem}_*.json")):
         other = json.loads(sibling.read_text())
-        others[other["anchor"]] = {key_of(p): p for p in other["points"]}
+        if other.get("section") == section and "points" in other and other.get("anchor") != anchor:
+            others[other["anchor"]] = {key_of(p): p for p in other["points"]}
     commits = sorted({r["commit"][:7] for r in runs})
+    dates = sorted({r["date"][:10] for r in runs})
     print(f"{runs[0]['gpu']}, torch {runs[0]['torch']}, commit {', '.join(f'`{c}`' for c in commits)}, "
-          f"{runs[0]['date'][:10]}: {len(runs)} runs; ratios are time(anchor) / time(flashext), per point the "
+          f"{', '.join(dates)}: {len(runs)} runs; ratios are time(anchor) / time(flashext), per point the "
           f"median of the runs.\n")
     metric = {"fwd": "ms", "train": "fwd_bwd_ms", "decode": "ms"}[section]
     rate, rate_unit = {"fwd": ("tflops", "TFLOP/s"), "train": ("fwd_bwd_tflops", "fwd+bwd TFLOP/s"),
                        "decode": ("gbps", "GB/s")}[section]
-    names = [anchor] + [a for a in others if a != anchor]
+    names = [anchor] + list(others)
     label = {n: ANCHOR_NAMES.get(n, n) for n in names}
 
     def median(point, name):  # the point's median ratio to `name`, None where that file lacks it
         found = point if name == anchor else others[name].get(key_of(point))
         return found[metric]["median"] if found else None
 
-    def ours(point):  # flashext's rate (runs gathered before the rates were kept: None)
+    def ratio(value, digits):
+        return "n/a" if value is None else f"{value:.{digits}f}×"
+
+    # flashext's own rate, a column only where the runs kept it (runs gathered before they did: none)
+    def ours(point):
         return point.get("flashext", {}).get(rate)
 
-    def fmt(value, spec):
-        return "n/a" if value is None else format(value, spec)
+    rate_column = [f"flashext {rate_unit}"] if any(ours(p) is not None for p in points) else []
 
-    rated = any(ours(p) is not None for p in points)
+    def rate_cell(group):
+        return [rate_range(ours(p) for p in group)] if rate_column else []
+
+    def runs_cell(point):
+        return " / ".join(f"{v:.3f}" for v in point[metric]["runs"])
+
     if section == "decode":
         if summary:
-            shapes = sorted({(p["batch"], p["seqlen"]) for p in points})
-            table(["B × KV length"] + [f"flashext {rate_unit}"] * rated + [f"vs {label[n]}, fp16 / bf16" for n in names],
-                  ([f"{b} × {s}"] + [rate_range(ours(p) for p in points if (p["batch"], p["seqlen"]) == (b, s))] * rated
-                   + [" / ".join(fmt(median(p, n), ".3f") + "×" for dtype in ("fp16", "bf16") for p in points
-                                 if (p["batch"], p["seqlen"], p["dtype"]) == (b, s, dtype)) for n in names]
-                   for b, s in shapes))
+            def shape_cells(b, s):
+                group = [p for p in points if (p["batch"], p["seqlen"]) == (b, s)]
+                by_dtype = {p["dtype"]: p for p in group}
+                return ([f"{b} × {s}"] + rate_cell(group)
+                        + [" / ".join(ratio(median(by_dtype[d], n), 3) if d in by_dtype else "n/a"
+                                      for d in ("fp16", "bf16")) for n in names])
+
+            table(["B × KV length"] + rate_column + [f"vs {label[n]}, fp16 / bf16" for n in names],
+                  (shape_cells(b, s) for b, s in sorted({(p["batch"], p["seqlen"]) for p in points})))
         else:
-            table(["dtype", "B × KV length", f"flashext {rate_unit}", f"vs {label[anchor]} (runs)"]
+            table(["dtype", "B × KV length"] + rate_column + [f"vs {label[anchor]} (runs)"]
                   + [f"vs {label[n]}" for n in names],
-                  ([p["dtype"], f"{p['batch']} × {p['seqlen']}", fmt(ours(p), ".0f"),
-                    " / ".join(f"{v:.3f}" for v in p[metric]["runs"]), *(fmt(median(p, n), ".3f") + "×" for n in names)]
-                   for p in points))
+                  ([p["dtype"], f"{p['batch']} × {p['seqlen']}"] + rate_cell([p]) + [runs_cell(p)]
+                   + [ratio(median(p, n), 3) for n in names] for p in points))
         return
     if summary:
         def cell(values):
             values = [v for v in values if v is not None]
             return f"{min(values):.2f}× / {statistics.median(values):.2f}×" if values else "n/a"
 
-        head_dims = sorted({p["head_dim"] for p in points})
-        table(["head dim"] + [f"flashext {rate_unit}"] * rated
-              + [f"vs {label[n]}, S {where}" for n in names for where in ("≥ 1024", "= 512")],
-              ([str(d)] + [rate_range(ours(p) for p in points if p["head_dim"] == d)] * rated
-               + [cell(median(p, n) for p in points if p["head_dim"] == d and (p["seqlen"] >= 1024) == long)
-                  for n in names for long in (True, False)]
-               for d in head_dims))
+        def head_dim_cells(d):
+            group = [p for p in points if p["head_dim"] == d]
+            return ([str(d)] + rate_cell(group)
+                    + [cell(median(p, n) for p in group if (p["seqlen"] >= 1024) == long)
+                       for n in names for long in (True, False)])
+
+        table(["head dim"] + rate_column
+              + [f"vs {label[n]}, S {where}" for n in names for where in ("≥ 1024", "< 1024")],
+              (head_dim_cells(d) for d in sorted({p["head_dim"] for p in points})))
         bar = payload["bar"][metric]
         worst = bar["worst_point"]
         print(f"\n(worst / median of the per-point medians over fp16 and bf16, causal and not; over the "
@@ -297,11 +311,9 @@ def runs_tables(path: Path, summary: bool = False) -> None:
               f"median {bar['median']:.3f}×, worst {bar['worst']:.3f}× {label[anchor]}, "
               f"{worst['dtype']} D = {worst['head_dim']} {'causal' if worst['causal'] else 'full'} S = {worst['seqlen']})")
         return
-    table(["dtype", "D", "mask", "S", f"flashext {rate_unit}", f"vs {label[anchor]} (runs)"]
-          + [f"vs {label[n]}" for n in names],
-          ([p["dtype"], str(p["head_dim"]), "causal" if p["causal"] else "full", str(p["seqlen"]), fmt(ours(p), ".0f"),
-            " / ".join(f"{v:.3f}" for v in p[metric]["runs"]), *(fmt(median(p, n), ".3f") + "×" for n in names)]
-           for p in points))
+    table(["dtype", "D", "mask", "S"] + rate_column + [f"vs {label[anchor]} (runs)"] + [f"vs {label[n]}" for n in names],
+          ([p["dtype"], str(p["head_dim"]), "causal" if p["causal"] else "full", str(p["seqlen"])] + rate_cell([p])
+           + [runs_cell(p)] + [ratio(median(p, n), 3) for n in names] for p in points))
 
 
 def key_of(point: dict) -> tuple:
@@ -311,8 +323,8 @@ def key_of(point: dict) -> tuple:
 
 def rate_range(values) -> str:
     """min-max of the rates a runs file kept ("n/a" where its runs predate them)."""
-    values = [v for v in values if v is not None]
-    return f"{min(values):.0f}-{max(values):.0f}" if values else "n/a"
+    values = [f"{v:.0f}" for v in sorted(v for v in values if v is not None)]
+    return "n/a" if not values else values[0] if values[0] == values[-1] else f"{values[0]}-{values[-1]}"
 
 
 def main(path: str, summary: bool = False) -> None:
@@ -320,6 +332,8 @@ def main(path: str, summary: bool = False) -> None:
     if "points" in payload and "runs" in payload:
         runs_tables(Path(path), summary)
         return
+    if "rows" not in payload:
+        sys.exit(f"{path}: not a benchmark results file (rows) nor attention_runs.py's runs file (points, runs)")
     sections = {r["section"] for r in payload["rows"]}
     if sections & {"fwd", "memory", "softmax"}:
         attention_tables(payload, summary)

@@ -98,34 +98,50 @@ def test_attention_runs_medians_per_point():
 
 def test_runs_tables_from_gathered_runs(tmp_path, capsys):
     """readme_tables renders a runs file (attention_runs.gather's output) and its sibling of another
-    anchor: per point each run's ratio and the medians; with --summary per head dim the worst /
-    median at S >= 1024 and at S = 512, and the bar's line."""
+    anchor: per point each run's ratio and the medians (n/a where the sibling lacks the point); with
+    --summary per head dim the worst / median at S >= 1024 and under it, and the bar's line; decode
+    per shape, its rate column left out where the runs kept no rates."""
     import json
 
     from benchmarks.attention_runs import gather
     from benchmarks.readme_tables import main
 
-    def run(scale):
+    def run(scale, flash=True):
         rows = [{"section": "fwd", "dtype": "bf16", "head_dim": d, "causal": False, "seqlen": s,
                  "flashext": {"ms": 1.0, "tflops": 300.0 + s / 512},
-                 "sdpa_cudnn": {"ms": t * scale}, "sdpa_flash": {"ms": 2 * t}}
+                 "sdpa_cudnn": {"ms": t * scale}, **({"sdpa_flash": {"ms": 2 * t}} if flash or s < 2048 else {})}
                 for d, s, t in ((64, 512, 0.9), (64, 1024, 0.95), (64, 2048, 1.1), (128, 1024, 1.05))]
         return {"meta": {"commit": "abc1234", "date": "2026-12-06T00:00", "gpu": "G", "torch": "t"}, "rows": rows}
 
     runs = [run(1.0), run(1.02), run(0.98)]
-    for anchor, name in (("sdpa_cudnn", "attention_runs.json"), ("sdpa_flash", "attention_runs_sdpa_flash.json")):
-        (tmp_path / name).write_text(json.dumps(gather(runs, anchor, "fwd", head_dims=(64, 128))))
+    (tmp_path / "attention_runs.json").write_text(json.dumps(gather(runs, "sdpa_cudnn", "fwd", head_dims=(64, 128))))
+    flash_runs = [run(1.0, flash=False)] * 3  # no SDPA flash time at S = 2048: that point is missing there
+    (tmp_path / "attention_runs_sdpa_flash.json").write_text(
+        json.dumps(gather(flash_runs, "sdpa_flash", "fwd", head_dims=(64, 128))))
+    (tmp_path / "attention_runs_notes.json").write_text("{}")  # not a runs file: ignored
     main(str(tmp_path / "attention_runs.json"), summary=True)
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("| ")]
-    assert lines[0] == ("| head dim | flashext TFLOP/s | vs cuDNN, S ≥ 1024 | vs cuDNN, S = 512 | "
-                        "vs SDPA flash, S ≥ 1024 | vs SDPA flash, S = 512 |")
-    assert lines[1:] == ["| 64 | 301-304 | 0.95× / 1.02× | 0.90× / 0.90× | 1.90× / 2.05× | 1.80× / 1.80× |",
-                         "| 128 | 302-302 | 1.05× / 1.05× | n/a | 2.10× / 2.10× | n/a |"]
+    assert lines[0] == ("| head dim | flashext TFLOP/s | vs cuDNN, S ≥ 1024 | vs cuDNN, S < 1024 | "
+                        "vs SDPA flash, S ≥ 1024 | vs SDPA flash, S < 1024 |")
+    assert lines[1:] == ["| 64 | 301-304 | 0.95× / 1.02× | 0.90× / 0.90× | 1.90× / 1.90× | 1.80× / 1.80× |",
+                         "| 128 | 302 | 1.05× / 1.05× | n/a | 2.10× / 2.10× | n/a |"]
     assert "over the 3 points with S ≥ 1024 at D = 64, 128: median 1.050×, worst 0.950× cuDNN" in out
     main(str(tmp_path / "attention_runs.json"))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert lines[1] == "| bf16 | 64 | full | 512 | 301 | 0.900 / 0.918 / 0.882 | 0.900× | 1.800× |"
+    assert lines[3] == "| bf16 | 64 | full | 2048 | 304 | 1.100 / 1.122 / 1.078 | 1.100× | n/a |"
+
+    def decode_run(t):
+        return {"meta": {"commit": "def5678", "date": "2026-12-06T00:00", "gpu": "G", "torch": "t"},
+                "rows": [{"section": "decode", "dtype": dtype, "batch": 32, "seqlen": 4096, "flashext": {"ms": 1.0},
+                          "sdpa_cudnn": {"ms": t + (dtype == "bf16") * 0.01}} for dtype in ("fp16", "bf16")]}
+
+    (tmp_path / "decode_runs.json").write_text(json.dumps(gather([decode_run(0.99), decode_run(1.0)], "sdpa_cudnn",
+                                                                 "decode")))
+    main(str(tmp_path / "decode_runs.json"), summary=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert lines == ["| B × KV length | vs cuDNN, fp16 / bf16 |", "| 32 × 4096 | 0.995× / 1.005× |"]
 
 
 def test_attention_runs_decode_points():
