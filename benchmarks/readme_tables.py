@@ -19,6 +19,10 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.compare_ab import key  # noqa: E402  (what names a grid point)
+
 
 def table(columns: list[str], lines) -> None:
     """A markdown table: the header row, its rule, then one row per list of cells in `lines`."""
@@ -242,7 +246,7 @@ def runs_tables(path: Path, summary: bool = False) -> None:
     for sibling in sorted(path.parent.glob(f"{path.stem}_*.json")):
         other = json.loads(sibling.read_text())
         if other.get("section") == section and "points" in other and other.get("anchor") != anchor:
-            others[other["anchor"]] = {key_of(p): p for p in other["points"]}
+            others[other["anchor"]] = {key(p): p for p in other["points"]}
     commits = sorted({r["commit"][:7] for r in runs})
     dates = sorted({r["date"][:10] for r in runs})
     print(f"{runs[0]['gpu']}, torch {runs[0]['torch']}, commit {', '.join(f'`{c}`' for c in commits)}, "
@@ -255,7 +259,7 @@ def runs_tables(path: Path, summary: bool = False) -> None:
     label = {n: ANCHOR_NAMES.get(n, n) for n in names}
 
     def median(point, name):  # the point's median ratio to `name`, None where that file lacks it
-        found = point if name == anchor else others[name].get(key_of(point))
+        found = point if name == anchor else others[name].get(key(point))
         return found[metric]["median"] if found else None
 
     def ratio(value, digits):
@@ -314,11 +318,6 @@ def runs_tables(path: Path, summary: bool = False) -> None:
     table(["dtype", "D", "mask", "S"] + rate_column + [f"vs {label[anchor]} (runs)"] + [f"vs {label[n]}" for n in names],
           ([p["dtype"], str(p["head_dim"]), "causal" if p["causal"] else "full", str(p["seqlen"])] + rate_cell([p])
            + [runs_cell(p)] + [ratio(median(p, n), 3) for n in names] for p in points))
-
-
-def key_of(point: dict) -> tuple:
-    """A point's identity in a runs file (everything but its measurements)."""
-    return tuple(sorted((k, v) for k, v in point.items() if not isinstance(v, dict)))
 
 
 def rate_range(values) -> str:
