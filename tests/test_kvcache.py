@@ -3,8 +3,7 @@ dense and paged caches (page sizes 1 … 257, shuffled tables), appended tokens 
 boundaries, cache lengths 0, 1 and page boundaries ± 1, GQA 1 … 32, Sq from 1 (decode) to 128,
 every split count equal to unsplit within the rule, masks and options, CUDA graphs, opcheck,
 torch.compile; lengths past the capacity and page ids outside the cache (the caches inside guard
-regions that must come back bitwise), validate=True's refusals; bad input on meta and CUDA. On an
-H100/H200 every test runs on both tile paths: by the TMA (the Hopper kernels on) and by cp.async."""
+regions that must come back bitwise), validate=True's refusals; bad input on meta and CUDA."""
 
 import pytest
 import torch
@@ -13,10 +12,6 @@ import flashext
 from flashext import reference as ref
 from flashext.testing import assert_close, poison_cache
 from tests.helpers import CHECK_DEVICES, HALF_DTYPES, HALF_IDS, randn, requires_cuda
-
-# (on an H100/H200: the Hopper kernels on, dense caches and pages of whole tiles read by the TMA,
-# and off, every tile by cp.async)
-pytestmark = pytest.mark.usefixtures("kernel_path")
 
 
 def paged(cache, page_size, generator):

@@ -1,6 +1,6 @@
 // flashext attention over KV caches from C++ (flashext/attention.h): the append and the decode
 // kernels against a double-precision CPU reference, dense and paged caches (shuffled pages of 1,
-// 16, 17, 32, 64 and 128 tokens), GQA, causal, split counts, tiles by the TMA and by cp.async; and the guard that no length or page id reaches
+// 16 and 17 tokens), GQA, causal, split counts; and the guard that no length or page id reaches
 // outside the caches. GPU tests GTEST_SKIP() when no CUDA device is present.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -17,7 +17,6 @@
 #include "common/divmod.h"
 #include "common.h"
 #include "flashext/attention.h"
-#include "flashext/common.h"
 
 namespace {
 
@@ -190,22 +189,6 @@ TYPED_TEST(FlashDecodeKernel, TwoStagesForLessSharedMemory) {
     Case paged{2, 3, 4, 1, head_dim, 200, 2, {15, 17}, 16, 1, true};
     paged.max_smem_per_sm = 100 * 1024;
     run_case<TypeParam>(paged);
-  }
-}
-
-// On an H100/H200 (sm_90a code), tiles of dense caches and of pages holding whole tiles whose rows are
-// all in range come in by the TMA; with the Hopper kernels off, and on other GPUs, by cp.async into
-// the same layout. Both against the reference: whole-tile pages at D = 256 (32-row tiles) and
-// D = 64, and a full cache (every tile by the TMA; a last tile one row short by cp.async).
-TYPED_TEST(FlashDecodeKernel, TmaTilesAndCopiedTiles) {
-  FX_SKIP_WITHOUT_GPU();
-  for (const auto mode : {flashext::HopperKernels::kWhereFaster, flashext::HopperKernels::kOff}) {
-    SCOPED_TRACE(mode == flashext::HopperKernels::kOff ? "Hopper kernels off" : "Hopper kernels on");
-    const auto previous = flashext::set_hopper_kernels(mode);
-    run_case<TypeParam>({2, 1, 8, 2, 256, 300, 1, {0, 299}, 32, 3});
-    run_case<TypeParam>({2, 2, 16, 2, 64, 500, 2, {130, 400}, 128, 2, true});
-    run_case<TypeParam>({2, 1, 8, 2, 128, 256, 0, {256, 255}});
-    flashext::set_hopper_kernels(previous);
   }
 }
 

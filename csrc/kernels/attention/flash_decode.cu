@@ -7,12 +7,10 @@
 // decode). Each block walks the key tiles of its split, [split · split_keys, ... + split_keys)
 // ∩ [0, cache_seqlens[b] + seqlen_new), tiles copied from a base per tile (dense caches, pages of
 // whole tiles) or row by row through the page table (smaller pages; the table read a tile
-// ahead), in a pipeline of kStages buffers: the FA2 loop of
+// ahead), in a cp.async pipeline of kStages buffers: the FA2 loop of
 // flash_fwd_kernel.cuh with one m16 row tile per warp, where warps with no real rows only copy;
 // or, when every row fits one m16 tile (decode), each warp takes a 16-key slab of every tile for
-// those rows, and the 4 warps' softmax states merge at the end. On sm_90a, tiles of consecutive
-// rows all in range come in by the TMA (a box per 64-column slab, completing on the stage's
-// mbarrier); the rest by 16-byte cp.async copies into the same layout.
+// those rows, and the 4 warps' softmax states merge at the end.
 // Row sums add the 16-bit P that P V multiplies. One split writes o and lse itself; more write
 // fp32 partials that flash_decode_combine merges by their lse.
 //
@@ -33,13 +31,9 @@
 #include "../common/divmod.h"
 #include "../common/online_softmax.h"
 #include "../common/ptx.cuh"
-#include "../common/sm90.cuh"
-#include "../common/tma.h"
 #include "../common/vec.cuh"
 #include "dispatch.h"
-#include "flash_fwd_sm90.h"
 #include "flashext/attention.h"
-#include "flashext/common.h"
 #include "tiles.cuh"
 
 namespace flashext {
@@ -59,22 +53,11 @@ struct DecodeConfig {
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kTileQ = kBlockM * kHeadDim;
   static constexpr int kTileKV = kBlockN * kHeadDim;
-  // K/V tiles as 64-column slabs of 128-byte rows (the TMA's 128-byte swizzle); Q row-major
-  static constexpr int kSlabBytes = kBlockN * 128;
-  static constexpr int kTileBytesKV = 2 * kTileKV;
-  static constexpr int kBarOffset = (kTileQ + 2 * kStages * kTileKV) * 2;  // then a full mbarrier per stage
-  static constexpr int kSmemBytes = kBarOffset + 8 * kStages;
+  static constexpr int kSmemBytes = (kTileQ + 2 * kStages * kTileKV) * 2;
   static_assert(kBlockN % (kThreads / kChunks) == 0 && kBlockM % (kThreads / kChunks) == 0, "whole copy passes");
 };
 
 constexpr int kMaxSplits = 64;
-
-// K and V caches as TMA maps (4-D: head_dim, heads_kv, rows of a sequence or page, sequences or
-// pages; boxes of 64 columns × kBlockN rows of one head), where on != 0.
-struct DecodeMaps {
-  CUtensorMap k, v;
-  int on;
-};
 
 // A sequence's keys: its cached tokens plus the new ones, clamped to the capacity (in 64 bits: any
 // int32 length is safe).
@@ -91,20 +74,16 @@ FX_DEVICE int64_t cache_row(const FlashDecodeParams& p, int b, int t, int64_t pa
 }
 
 template <typename T, typename Config>
-__global__ void __launch_bounds__(Config::kThreads)
-    flash_decode_kernel(const FlashDecodeParams p, const __grid_constant__ DecodeMaps maps, float* o_part,
-                        float* lse_part) {
+__global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const FlashDecodeParams p, float* o_part,
+                                                                        float* lse_part) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
-  constexpr int kDTiles = kHeadDim / 8, kSlabBytes = Config::kSlabBytes;
-  // (1024-byte aligned: the swizzle atom of the TMA's writes; this kernel has no static shared memory,
-  // which would come first and move the dynamic base off it)
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  constexpr int kDTiles = kHeadDim / 8;
+  constexpr uint32_t kRowBytes = 2 * kHeadDim;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   T* smem_q = reinterpret_cast<T*>(smem_raw);
   constexpr int kStages = Config::kStages;
   T* smem_k = smem_q + Config::kTileQ;  // kStages buffers each
   T* smem_v = smem_k + kStages * Config::kTileKV;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw + Config::kBarOffset);  // [kStages]: a TMA tile landed
-  const bool tma = sm90::enabled() && maps.on != 0;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group_id = lane / 4, quad = lane % 4;
   const int group = p.heads / p.heads_kv;
@@ -144,7 +123,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   constexpr int kCopyRows = kBlockN / (Config::kThreads / Config::kChunks), kCopyStep = kBlockN / kCopyRows;
   const int copy_row0 = threadIdx.x / Config::kChunks, chunk = threadIdx.x % Config::kChunks;
   const bool chunk_valid = chunk * 8 < p.head_dim;
-  const uint32_t copy_dst0 = 2 * slab_swizzled<kBlockN>(copy_row0, chunk);  // bytes into a tile
+  const uint32_t copy_dst0 = 2 * swizzled<kHeadDim>(copy_row0, chunk);  // bytes into a tile
   const bool paged = p.block_table != nullptr;
   const bool whole_pages = !paged || p.page_size % kBlockN == 0;
   const T* k_thread = k + int64_t(kv_head) * p.k_head_stride + chunk * 8 + (paged ? 0 : int64_t(b) * p.k_page_stride);
@@ -178,7 +157,9 @@ __global__ void __launch_bounds__(Config::kThreads)
   // copies pointed at the cache's start).
   const auto copy_tile = [&](uint32_t dst0, int n, const T* base, int64_t page_stride, int64_t row_stride,
                              int64_t step, const T* cache) {
-    const auto dst = [&](int i) { return (dst0 ^ uint32_t(((i * kCopyStep) & 7) << 4)) + uint32_t(i * kCopyStep * 128); };
+    const auto dst = [&](int i) {
+      return (dst0 ^ uint32_t(((i * kCopyStep) & 7) << 4)) + uint32_t(2 * i * kCopyStep * kHeadDim);
+    };
     const auto valid = [&](int i) { return chunk_valid && n + copy_row0 + i * kCopyStep < n_hi; };
     if (whole_pages) {
       const T* src = base + (paged ? page_offset(page[0], page_stride) + int64_t(page_row[0] + copy_row0) * row_stride
@@ -198,23 +179,7 @@ __global__ void __launch_bounds__(Config::kThreads)
       }
     }
   };
-  // A tile's K and V: where every row is in range and the caches have maps, thread 0 issues a box
-  // per slab on the stage's barrier (pages hold whole tiles); else every thread its copies.
   const auto load_kv = [&](int buffer, int n) {
-    if (tma && n + kBlockN <= n_hi) {
-      if (threadIdx.x == 0) {
-        const int row = paged ? page_row[0] : n, outer = paged ? min(max(page[0], 0), p.num_pages - 1) : b;
-        sm90::mbarrier_arrive_expect_tx(full + buffer, 2 * Config::kTileBytesKV);
-#pragma unroll
-        for (int s = 0; s < kHeadDim / 64; ++s) {
-          sm90::tma_load_4d(reinterpret_cast<unsigned char*>(smem_k + buffer * Config::kTileKV) + s * kSlabBytes,
-                            &maps.k, full + buffer, 64 * s, kv_head, row, outer);
-          sm90::tma_load_4d(reinterpret_cast<unsigned char*>(smem_v + buffer * Config::kTileKV) + s * kSlabBytes,
-                            &maps.v, full + buffer, 64 * s, kv_head, row, outer);
-        }
-      }
-      return;
-    }
     copy_tile(ptx::smem_addr(smem_k + buffer * Config::kTileKV) + copy_dst0, n, k_thread, p.k_page_stride,
               p.k_row_stride, k_step, k);
     copy_tile(ptx::smem_addr(smem_v + buffer * Config::kTileKV) + copy_dst0, n, v_thread, p.v_page_stride,
@@ -229,16 +194,7 @@ __global__ void __launch_bounds__(Config::kThreads)
 #pragma unroll
   for (int t = 0; t < kDTiles; ++t) acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.0f;
 
-  if (tma) {
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int s = 0; s < kStages; ++s) sm90::mbarrier_init(full + s, 1);
-      sm90::fence_barrier_init();
-    }
-    __syncthreads();  // the barriers are set up before any thread waits on one
-  }
-  // Prologue: Q and the first kStages - 1 tiles, one commit group per tile (Q rides the first; a
-  // TMA tile's group is empty).
+  // Prologue: Q and the first kStages - 1 tiles, one commit group per tile (Q rides the first).
   if (num_n_blocks > 0) load_rows<Config, kBlockM>(smem_q, q_row, p.head_dim, q);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -261,10 +217,10 @@ __global__ void __launch_bounds__(Config::kThreads)
   const int row_warp = share_keys ? 0 : warp;  // the m16 row tile this warp computes
   const int slab0 = share_keys ? warp : 0;     // its first 16-key slab of each tile
   const uint32_t q_base = ptx::smem_addr(smem_q) + 2 * swizzled<kHeadDim>(16 * row_warp + lane % 16, lane / 16);
-  const uint32_t k_base0 = ptx::smem_addr(smem_k) +
-                           2 * slab_swizzled<kBlockN>(lane % 8 + (lane / 16) * 8, (lane / 8) % 2) + 16 * slab0 * 128;
-  const uint32_t v_base0 = ptx::smem_addr(smem_v) +
-                           2 * slab_swizzled<kBlockN>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16) + 16 * slab0 * 128;
+  const uint32_t k_base0 = ptx::smem_addr(smem_k) + 2 * swizzled<kHeadDim>(lane % 8 + (lane / 16) * 8, (lane / 8) % 2) +
+                           16 * slab0 * kRowBytes;
+  const uint32_t v_base0 = ptx::smem_addr(smem_v) + 2 * swizzled<kHeadDim>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16) +
+                           16 * slab0 * kRowBytes;
   // A warp with no rows (row sharing: its 16 rows all past the block's (query, head) pairs) or no
   // keys (key sharing at D = 256: two slabs for four warps) only helps load the tiles.
   const bool warp_busy = share_keys ? slab0 < kKeySlabs : row0 + 16 * warp < group * p.seqlen_q;
@@ -291,7 +247,7 @@ __global__ void __launch_bounds__(Config::kThreads)
 #pragma unroll
       for (int jp = 0; jp < kSlabs; ++jp) {
         uint32_t k_frag[4];
-        ptx::ldmatrix_x4(k_frag, slab_chunk_addr<kSlabBytes>(k_base, 2 * kk) + 16 * jp * 128);
+        ptx::ldmatrix_x4(k_frag, swizzled_chunk_addr(k_base, 2 * kk) + 16 * jp * kRowBytes);
         ptx::mma_16816<T>(s[2 * jp], q_frag, k_frag[0], k_frag[1]);
         ptx::mma_16816<T>(s[2 * jp + 1], q_frag, k_frag[2], k_frag[3]);
       }
@@ -361,21 +317,16 @@ __global__ void __launch_bounds__(Config::kThreads)
 #pragma unroll
       for (int tp = 0; tp < kDTiles / 2; ++tp) {
         uint32_t v_frag[4];
-        ptx::ldmatrix_x4_trans(v_frag, slab_chunk_addr<kSlabBytes>(v_base, 2 * tp) + 16 * kk * 128);
+        ptx::ldmatrix_x4_trans(v_frag, swizzled_chunk_addr(v_base, 2 * tp) + 16 * kk * kRowBytes);
         ptx::mma_16816<T>(acc_o[2 * tp], p_frag, v_frag[0], v_frag[1]);
         ptx::mma_16816<T>(acc_o[2 * tp + 1], p_frag, v_frag[2], v_frag[3]);
       }
     }
   };
 
-  uint32_t phases = 0;  // bit s: the parity of stage s's next TMA phase
   for (int it = 0; it < num_n_blocks; ++it) {
     const int n_start = n_lo + it * kBlockN, buffer = it % kStages, ahead = it + kStages - 1;
-    ptx::cp_async_wait<kStages - 2>();  // (Q, and a tile copied by cp.async)
-    if (tma && n_start + kBlockN <= n_hi) {
-      sm90::mbarrier_wait(full + buffer, (phases >> buffer) & 1u);
-      phases ^= 1u << buffer;
-    }
+    ptx::cp_async_wait<kStages - 2>();
     __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next
     if (ahead < num_n_blocks) load_kv(ahead % kStages, n_lo + ahead * kBlockN);
     ptx::cp_async_commit();
@@ -395,7 +346,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     // and columns), through the tiles' shared memory: warp w > 0 stores (m, l, O) per lane,
     // element-major so that a warp's 32 lanes hit 32 banks.
     constexpr int kValues = 4 + 4 * kDTiles;
-    static_assert((kKeySlabs - 1) * kValues * 32 * 4 <= Config::kBarOffset, "the merge fits the tiles' memory");
+    static_assert((kKeySlabs - 1) * kValues * 32 * 4 <= Config::kSmemBytes, "the merge fits the tiles' memory");
     float* merge = reinterpret_cast<float*>(smem_raw);
     __syncthreads();  // every warp is done reading the tiles
     if (warp > 0 && warp < kKeySlabs) {
@@ -581,29 +532,6 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const FlashDecodePa
   store_pack<T, 8>(v, c, load_pack<T, 8>(static_cast<const T*>(a.v) + src_v, c));
 }
 
-// K and V by the TMA: an sm_90 GPU with sm_90a code and the Hopper kernels enabled, the compiled head
-// dim itself, dense caches or pages of whole tiles, and caches a map takes (16-byte aligned base
-// and strides; no broadcast dims). Else every tile by cp.async.
-template <typename Config>
-bool make_decode_maps(const FlashDecodeParams& p, DecodeMaps* maps) {
-  const bool paged = p.block_table != nullptr;
-  if (!hopper_kernels_enabled() || !flash_fwd_sm90_supported(current_device_major(), 0) ||
-      p.head_dim != Config::kHeadDim || (paged && p.page_size % Config::kBlockN != 0)) {
-    return false;
-  }
-  const int64_t rows = paged ? p.page_size : p.capacity, outer = paged ? p.num_pages : p.batch;
-  const auto map = [&](CUtensorMap* m, const void* cache, int64_t page_stride, int64_t row_stride,
-                       int64_t head_stride) {
-    if ((rows > 1 && row_stride == 0) || (p.heads_kv > 1 && head_stride == 0) || (outer > 1 && page_stride == 0)) {
-      return false;
-    }
-    return make_tma_attention_map(m, cache, p.head_dim, p.heads_kv, rows, outer, row_stride, head_stride,
-                                  page_stride, Config::kBlockN) == cudaSuccess;
-  };
-  return map(&maps->k, p.k_cache, p.k_page_stride, p.k_row_stride, p.k_head_stride) &&
-         map(&maps->v, p.v_cache, p.v_page_stride, p.v_row_stride, p.v_head_stride);
-}
-
 template <typename T, typename Config>
 cudaError_t launch_decode_config(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
   auto kernel = flash_decode_kernel<T, Config>;
@@ -614,9 +542,7 @@ cudaError_t launch_decode_config(const FlashDecodeParams& p, void* workspace, cu
   float* lse_part = o_part == nullptr ? nullptr
                                       : o_part + int64_t(p.num_splits) * p.batch * p.seqlen_q * p.heads * p.head_dim;
   const dim3 grid(unsigned(row_blocks * p.num_splits), unsigned(p.heads_kv), unsigned(p.batch));
-  DecodeMaps maps{};
-  maps.on = make_decode_maps<Config>(p, &maps) ? 1 : 0;
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, maps, o_part, lse_part);
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, o_part, lse_part);
   FX_RETURN_IF_ERROR(cudaGetLastError());
   if (p.num_splits > 1) {
     const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads;  // ≤ 2^31 − 1: run_flash_decode checks

@@ -31,20 +31,6 @@ FX_DEVICE uint32_t swizzled_chunk_addr(uint32_t base_c, int chunk_even) {
   return (base_c ^ uint32_t((chunk_even & 7) << 4)) + uint32_t((chunk_even & ~7) << 4);
 }
 
-// The same for a tile stored as 64-column slabs of 128-byte rows, kSlabBytes apart (the layout the
-// TMA's 128-byte swizzle writes: chunk c of a slab's row r at c ^ (r % 8)): from the address base_c
-// of chunk c (0 or 1) of a row in slab 0, the address of chunk chunk_even (+ c) of that row.
-template <int kSlabBytes>
-FX_DEVICE uint32_t slab_chunk_addr(uint32_t base_c, int chunk_even) {
-  return (base_c ^ uint32_t((chunk_even & 7) << 4)) + uint32_t((chunk_even >> 3) * kSlabBytes);
-}
-
-// Element offset of (row, 16-byte chunk) in a tile of kRows rows stored as 64-column slabs.
-template <int kRows>
-FX_DEVICE int slab_swizzled(int row, int chunk) {
-  return (chunk >> 3) * kRows * 64 + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
-}
-
 // Copy rows [0, kRows) of a (rows_left-row, head_dim-wide) global tile into a swizzled shared tile
 // with cp.async; rows past rows_left and columns past head_dim are zero-filled. Thread t always
 // copies chunk t % kChunks of rows t / kChunks + i · kRowStep. Whole tiles (the common case: every
