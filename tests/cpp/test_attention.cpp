@@ -120,16 +120,19 @@ TEST(MergeAttentionStates, WeightsFromTheLse) {
 }
 
 TEST(FlashDecode, SplitsFromShapesOnly) {
-  // 32 query heads on 8 KV heads, decode: batch 1 x 32K keys fills 132 SMs only with splits; 32
-  // splits of 16 key tiles each in one wave of 256 blocks, where 29 (within 15% of the slots
-  // too) would take 18 tiles a split.
-  EXPECT_EQ(flashext::flash_decode_num_splits(1, 32, 8, 1, 32768, 128, 132), 32);
+  // 32 query heads on 8 KV heads, decode: batch 1 x 32K keys fills 132 SMs only with splits; 16
+  // splits are 128 blocks of 32 key tiles, one per SM at about two blocks' rate, as fast as 32
+  // splits of 16 tiles in one wave of 256 blocks and with half the partials (15 would take 35
+  // tiles a split).
+  EXPECT_EQ(flashext::flash_decode_num_splits(1, 32, 8, 1, 32768, 128, 132), 16);
   // 48 x 8K: 384 blocks are two waves unsplit; two splits are 768 blocks in three waves of half the
   // keys each.
   EXPECT_EQ(flashext::flash_decode_num_splits(48, 32, 8, 1, 8192, 128, 132), 2);
-  // 8 x 128K: 64 blocks; 4 splits fill the 264 slots (two blocks per SM) in one wave, where 5
-  // would leave a second wave of 56 blocks.
-  EXPECT_EQ(flashext::flash_decode_num_splits(8, 32, 8, 1, 131072, 128, 132), 4);
+  // 8 x 128K: 64 blocks; 2 splits put one block on 128 SMs, as fast as 4 filling the 264 slots
+  // (two blocks per SM) in one wave; 5 would leave a second wave of 56 blocks.
+  EXPECT_EQ(flashext::flash_decode_num_splits(8, 32, 8, 1, 131072, 128, 132), 2);
+  // 2 x 32K: 16 blocks; 8 splits, one block on 128 SMs (not 16 splits: 256 blocks, two per SM).
+  EXPECT_EQ(flashext::flash_decode_num_splits(2, 32, 8, 1, 32768, 128, 132), 8);
   // 128 sequences x 8 KV heads are 1024 blocks already: no split.
   EXPECT_EQ(flashext::flash_decode_num_splits(128, 32, 8, 1, 2048, 128, 132), 1);
   // Short caches are not split below 256 keys a split.
