@@ -128,11 +128,15 @@ TEST(FlashDecode, SplitsFromShapesOnly) {
   // 48 x 8K: 384 blocks are two waves unsplit; two splits are 768 blocks in three waves of half the
   // keys each.
   EXPECT_EQ(flashext::flash_decode_num_splits(48, 32, 8, 1, 8192, 128, 132), 2);
-  // 8 x 128K: 64 blocks; 2 splits put one block on 128 SMs, as fast as 4 filling the 264 slots
-  // (two blocks per SM) in one wave; 5 would leave a second wave of 56 blocks.
+  // 8 x 128K: 64 blocks; 2 splits put one block on 128 SMs, as fast as 4's 256 blocks (two per SM)
+  // in one wave; 5 would leave a second wave of 56 blocks.
   EXPECT_EQ(flashext::flash_decode_num_splits(8, 32, 8, 1, 131072, 128, 132), 2);
   // 2 x 32K: 16 blocks; 8 splits, one block on 128 SMs (not 16 splits: 256 blocks, two per SM).
   EXPECT_EQ(flashext::flash_decode_num_splits(2, 32, 8, 1, 32768, 128, 132), 8);
+  // Not measured at one block per SM, so counted at one block's rate: D = 256 (two stages) and
+  // blocks of more than one m16 row tile (8 queries x GQA 4).
+  EXPECT_EQ(flashext::flash_decode_num_splits(1, 32, 8, 1, 32768, 256, 132), 32);
+  EXPECT_EQ(flashext::flash_decode_num_splits(1, 32, 8, 8, 32768, 128, 132), 32);
   // 128 sequences x 8 KV heads are 1024 blocks already: no split.
   EXPECT_EQ(flashext::flash_decode_num_splits(128, 32, 8, 1, 2048, 128, 132), 1);
   // Short caches are not split below 256 keys a split.

@@ -605,16 +605,18 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
   // split, cut as the kernel cuts them (1 × 32K on 132 SMs: 29 splits take 18 tiles of 64 keys
   // each, 32 splits 16), and with s > 1 its fp32 partials written and read back by the combine
   // (rows × D × 4 bytes twice, against 4 · kBlockN · D bytes a tile: 2 · rows / kBlockN tiles).
-  // A grid of at most one block per SM runs each at about two blocks' rate: on the H100 a block alone
-  // on its SM streams about as many bytes a second as two sharing one (1 x 32K: 16 splits 1.6-1.9 %
-  // faster than 32; 8 x 128K: 2 splits as fast as 4). The fewest splits within 5 % of the
+  // Decode blocks (one m16 row tile, D ≤ 128: the three-stage kernels) in a grid of at most one per
+  // SM count at two blocks' rate: on the H100 such a grid moved about as many bytes a second as
+  // one of two blocks per SM with half the keys each (1 x 32K: 16 splits 1.5-1.7 % faster than 32,
+  // 12 splits as fast as 16; 8 x 128K: 2 splits as fast as 4). The fewest splits within 5 % of the
   // cheapest: over many waves the model's last-wave rounding is finer than what it predicts.
   const int64_t rows = std::min<int64_t>(kBlockM, int64_t(heads / heads_kv) * seqlen_q);
   const double partial_tiles = 2.0 * double(rows) / double(block_n);
+  const bool lone_rate = rows <= 16 && head_dim <= 128;
   const auto cost = [&](int s) {
     const int64_t waves = (blocks * s + slots - 1) / slots, split_keys = (int64_t(capacity) + s - 1) / s;
-    const double rate = blocks * s <= sm_count ? 2.0 : 1.0;
-    return double(waves) * (double((split_keys + block_n - 1) / block_n) + (s > 1 ? partial_tiles : 0.0)) / rate;
+    const double rate = lone_rate && blocks * s <= sm_count ? 2.0 : 1.0;
+    return double(waves) * (double((split_keys + block_n - 1) / block_n) / rate + (s > 1 ? partial_tiles : 0.0));
   };
   double cheapest = cost(1);
   for (int s = 2; s <= max_splits; ++s) cheapest = std::min(cheapest, cost(s));
