@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The decode probe (a debugging tool, not part of the build or the tests): builds probe_decode.cu
+# against a traced copy of flash_decode.cu (decode_trace.py) for this tree and for each patch of
+# PROBE_PATCHES (applied to the copy), then runs every shape of PROBE_SHAPES ("B S [splits]
+# [fp16|bf16]", ';'-separated) for every variant in turn, PROBE_ROUNDS (2) times, printing each
+# run's median time and its traced launch's block times (every block's in PROBE_TRACE_DIR/*.csv
+# where that is set). Needs no torch (seconds to build).
+#   PROBE_PATCHES="/tmp/early.patch" PROBE_SHAPES="32 4096;128 2048" bash benchmarks/experiments/probe_decode.sh
+cd "$(dirname "$0")/../.."
+export PATH=/usr/local/cuda/bin:$PATH
+ROOT=$PWD
+build() {  # build NAME [PATCH]
+  local dir=/tmp/probe_decode_$1
+  rm -rf "$dir" && mkdir -p "$dir" && cp csrc/kernels/attention/flash_decode.cu "$dir/flash_decode.cu"
+  if [ -n "${2:-}" ]; then
+    (cd "$dir" && sed 's#csrc/kernels/attention/##g' "$2" | patch -s -p2 flash_decode.cu) ||
+      { echo "$1: the patch does not apply"; return 1; }
+  fi
+  python3 benchmarks/experiments/decode_trace.py "$dir/flash_decode.cu" "$dir/flash_decode_traced.cu" || return 1
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$dir" -Icsrc/kernels/attention -Icsrc/include -Icsrc \
+    benchmarks/experiments/probe_decode.cu csrc/kernels/common/device.cpp -o "$dir/probe" 2>&1 | grep -v Warning
+  [ -x "$dir/probe" ] || { echo "$1: the build failed"; return 1; }
+}
+names=(base)
+build base &
+for patch in ${PROBE_PATCHES:-}; do
+  name=$(basename "$patch" .patch)
+  names+=("$name")
+  build "$name" "$(realpath "$patch")" &
+done
+wait
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+IFS=';' read -ra shapes <<<"${PROBE_SHAPES:-32 4096;128 2048;1 32768}"
+for round in $(seq "${PROBE_ROUNDS:-2}"); do
+  for shape in "${shapes[@]}"; do
+    for name in "${names[@]}"; do
+      [ -x /tmp/probe_decode_$name/probe ] || continue
+      echo "== $name round $round"
+      PROBE_TRACE_CSV=${PROBE_TRACE_DIR:+$PROBE_TRACE_DIR/${name}_${shape// /_}_r$round.csv} \
+        timeout 60 /tmp/probe_decode_$name/probe $shape
+    done
+  done
+done
