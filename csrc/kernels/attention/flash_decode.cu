@@ -65,15 +65,6 @@ FX_DEVICE int decode_total_keys(const FlashDecodeParams& p, int b) {
   return int(min(int64_t(max(p.cache_seqlens[b], 0)) + p.seqlen_new, int64_t(p.capacity)));
 }
 
-// The kernel's divisions by run-time values, set up on the host once per launch: a division costs
-// about 20 instructions, and a block's setup does several before its first copy can issue.
-struct DecodeDivisors {
-  FastDivmod group;       // query heads per KV head: a block row r is (query r / group, head r % group)
-  FastDivmod row_blocks;  // row blocks per split: blockIdx.x is (split, row block)
-  FastDivmod page;        // tokens per page (paged caches; 1 for dense ones)
-  int split_keys = 0;     // keys per split, whole key tiles
-};
-
 // The cache row of token t of sequence b (dense: row t of sequence b; paged: through the table,
 // page ids clamped so that no table reaches outside the cache).
 FX_DEVICE int64_t cache_row(const FlashDecodeParams& p, int b, int t, int64_t page_stride, int64_t row_stride) {
@@ -83,8 +74,8 @@ FX_DEVICE int64_t cache_row(const FlashDecodeParams& p, int b, int t, int64_t pa
 }
 
 template <typename T, typename Config>
-__global__ void __launch_bounds__(Config::kThreads)
-    flash_decode_kernel(const FlashDecodeParams p, const DecodeDivisors divs, float* o_part, float* lse_part) {
+__global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const FlashDecodeParams p, float* o_part,
+                                                                        float* lse_part) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kDTiles = kHeadDim / 8;
   constexpr uint32_t kRowBytes = 2 * kHeadDim;
@@ -95,18 +86,17 @@ __global__ void __launch_bounds__(Config::kThreads)
   T* smem_v = smem_k + kStages * Config::kTileKV;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group_id = lane / 4, quad = lane % 4;
-  const int group = divs.group.divisor;
-  int split, row_block;
-  divs.row_blocks.divmod(int(blockIdx.x), split, row_block);
+  const int group = p.heads / p.heads_kv;
+  const int row_blocks = (group * p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int row_block = blockIdx.x % row_blocks, split = blockIdx.x / row_blocks;
   const int kv_head = blockIdx.y, b = blockIdx.z;
   const int total = decode_total_keys(p, b);
-  const int split_keys = divs.split_keys;
+  const int split_keys = ((p.capacity + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
   const int diag = total - p.seqlen_q;  // bottom-right: the last query sits at the last key
   const int row0 = row_block * kBlockM;
   // Keys this block's rows can see: the split's range, narrowed by causal / window bounds of the
   // first and last query positions among its rows.
-  const int i_first = divs.group.div(row0);
-  const int i_last = divs.group.div(min(row0 + kBlockM - 1, group * p.seqlen_q - 1));
+  const int i_first = row0 / group, i_last = min(row0 + kBlockM - 1, group * p.seqlen_q - 1) / group;
   int n_lo = split * split_keys, n_hi = min(n_lo + split_keys, total);
   if (p.window_left >= 0) n_lo = max(n_lo, (i_first + diag - p.window_left) / kBlockN * kBlockN);
   if (p.window_right >= 0) n_hi = min(n_hi, i_last + diag + p.window_right + 1);
@@ -120,11 +110,10 @@ __global__ void __launch_bounds__(Config::kThreads)
   const T* k = static_cast<const T*>(p.k_cache);
   const T* v = static_cast<const T*>(p.v_cache);
   const auto q_row = [&](int r, int) -> const T* {
-    int i, g;
-    divs.group.divmod(row0 + r, i, g);
+    const int row = row0 + r, i = row / group;
     if (i >= p.seqlen_q) return nullptr;
     return q + int64_t(b) * p.q_batch_stride + int64_t(i) * p.q_row_stride +
-           int64_t(kv_head * group + g) * p.q_head_stride;
+           int64_t(kv_head * group + row % group) * p.q_head_stride;
   };
   // K/V copies: this thread copies 16-byte chunk `chunk` of rows copy_row0 + i · kCopyStep of each
   // tile (i < kCopyRows). Where a tile's rows are consecutive cache rows (dense caches, or pages of
@@ -141,12 +130,15 @@ __global__ void __launch_bounds__(Config::kThreads)
   const T* v_thread = v + int64_t(kv_head) * p.v_head_stride + chunk * 8 + (paged ? 0 : int64_t(b) * p.v_page_stride);
   const int64_t k_step = int64_t(kCopyStep) * p.k_row_stride, v_step = int64_t(kCopyStep) * p.v_row_stride;
   const int32_t* table = paged ? p.block_table + int64_t(b) * p.block_table_stride : nullptr;
+  // t / page_size and t % page_size by a multiply (a run-time division costs ~20 instructions); the
+  // magic numbers once per thread.
+  const FastDivmod page_div(paged ? p.page_size : 1);
   int page[kCopyRows], page_row[kCopyRows];  // pages of whole tiles: [0], the tile's first row
   const auto fetch_pages = [&](int n) {
     if (!paged) return;
     if (whole_pages) {
       int slot;
-      divs.page.divmod(n, slot, page_row[0]);
+      page_div.divmod(n, slot, page_row[0]);
       page[0] = table[slot];  // (clamped where used: nothing waits on this load until then)
       return;
     }
@@ -154,7 +146,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     for (int i = 0; i < kCopyRows; ++i) {
       const int t = min(n + copy_row0 + i * kCopyStep, n_hi - 1);  // (rows past the range: not copied)
       int slot;
-      divs.page.divmod(t, slot, page_row[i]);
+      page_div.divmod(t, slot, page_row[i]);
       page[i] = table[slot];
     }
   };
@@ -235,7 +227,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   // This thread's two rows (group_id, group_id + 8 of the warp's 16) as query positions.
   int row_query[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) row_query[r] = divs.group.div(row0 + 16 * row_warp + group_id + 8 * r);
+  for (int r = 0; r < 2; ++r) row_query[r] = (row0 + 16 * row_warp + group_id + 8 * r) / group;
 
   // One tile's math for this warp's rows over kSlabs 16-key slabs from slab0: S = Q Kᵀ, mask,
   // online softmax, O += P V.
@@ -399,10 +391,9 @@ __global__ void __launch_bounds__(Config::kThreads)
     float total_sum = row_sum[r];
     total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 1);
     total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 2);
-    int i, g;
-    divs.group.divmod(row0 + 16 * row_warp + group_id + 8 * r, i, g);
+    const int row = row0 + 16 * row_warp + group_id + 8 * r, i = row / group;
     if (i >= p.seqlen_q) continue;
-    const int head = kv_head * group + g;
+    const int head = kv_head * group + row % group;
     const float inv = total_sum > 0.0f ? 1.0f / total_sum : 0.0f;
     const float lse = row_lse({row_max[r] * score_scale, total_sum});
     if (p.num_splits == 1) {
@@ -447,6 +438,9 @@ constexpr int kCombineThreads = 128;
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const FlashDecodeParams p, const float* o_part,
                                                                         const float* lse_part) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the split grid's partials are all written
+#endif
   constexpr int kMaxGroups = kCombineThreads / 2;  // head dims ≥ 8: at least 2 column chunks of 4
   __shared__ float group_max[kMaxGroups], group_sum[kMaxGroups];
   __shared__ int group_nan[kMaxGroups];
@@ -462,10 +456,6 @@ __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const Fl
   float m = -INFINITY, l = 0.0f;
   bool nan = false;
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  // (the setup above runs under the split grid's tail; from here on its writes are read)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the split grid's partials are all written
-#endif
   if (g < groups) {
     // every split wrote its rows (zeros where it saw no key), so every load is issued
     const float4* o_s = reinterpret_cast<const float4*>(o_part + ((int64_t(b) * p.seqlen_q + i) * p.heads + head) *
@@ -548,15 +538,11 @@ cudaError_t launch_decode_config(const FlashDecodeParams& p, void* workspace, cu
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const int group = p.heads / p.heads_kv;
   const int row_blocks = (group * p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
-  constexpr int kBlockN = Config::kBlockN;
-  DecodeDivisors divs{FastDivmod(group), FastDivmod(row_blocks),
-                      FastDivmod(p.block_table != nullptr ? p.page_size : 1)};
-  divs.split_keys = ((p.capacity + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
   float* o_part = static_cast<float*>(workspace);
   float* lse_part = o_part == nullptr ? nullptr
                                       : o_part + int64_t(p.num_splits) * p.batch * p.seqlen_q * p.heads * p.head_dim;
   const dim3 grid(unsigned(row_blocks * p.num_splits), unsigned(p.heads_kv), unsigned(p.batch));
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, divs, o_part, lse_part);
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, o_part, lse_part);
   FX_RETURN_IF_ERROR(cudaGetLastError());
   if (p.num_splits > 1) {
     const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads;  // ≤ 2^31 − 1: run_flash_decode checks
