@@ -133,7 +133,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_with_kvcache(
   }
   p.num_splits = num_splits > 0 ? int(num_splits)
                                 : flashext::flash_decode_num_splits(p.batch, p.heads, p.heads_kv, p.seqlen_q, p.capacity,
-                                                                    p.head_dim, sm_count);
+                                                                    p.head_dim, sm_count, paged);
   const cudaStream_t stream = current_stream(q);
   if (p.seqlen_new > 0) {
     const at::Tensor kn = aligned_rows(*k_new);

@@ -159,10 +159,10 @@ struct FlashDecodeParams {
 };
 
 // Splits of each sequence's keys for this shape on a GPU of sm_count SMs: enough blocks for about
-// two per SM (or one per SM, which streams about as fast), each split at least 256 keys, at most
-// 64. Shapes only: no device values, no sync.
+// two per SM (or, for dense caches, one per SM, which streams about as fast), each split at least
+// 256 keys, at most 64. Shapes only: no device values, no sync.
 int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, int capacity, int head_dim,
-                            int sm_count);
+                            int sm_count, bool paged = false);
 
 size_t flash_decode_workspace_bytes(const FlashDecodeParams& params);
 

@@ -588,7 +588,7 @@ bool decode_params_ok(const FlashDecodeParams& p) {
 }  // namespace attention_detail
 
 int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, int capacity, int head_dim,
-                            int sm_count) {
+                            int sm_count, bool paged) {
   using namespace attention_detail;
   if (batch <= 0 || heads <= 0 || heads_kv <= 0 || heads % heads_kv != 0 || seqlen_q <= 0 || capacity <= 0 ||
       sm_count <= 0) {
@@ -605,14 +605,17 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
   // split, cut as the kernel cuts them (1 × 32K on 132 SMs: 29 splits take 18 tiles of 64 keys
   // each, 32 splits 16), and with s > 1 its fp32 partials written and read back by the combine
   // (rows × D × 4 bytes twice, against 4 · kBlockN · D bytes a tile: 2 · rows / kBlockN tiles).
-  // Decode blocks (one m16 row tile, D ≤ 128: the three-stage kernels) in a grid of at most one per
-  // SM count at two blocks' rate: on the H100 such a grid moved about as many bytes a second as
-  // one of two blocks per SM with half the keys each (1 x 32K: 16 splits 1.5-1.7 % faster than 32,
-  // 12 splits as fast as 16; 8 x 128K: 2 splits as fast as 4). The fewest splits within 5 % of the
-  // cheapest: over many waves the model's last-wave rounding is finer than what it predicts.
+  // Decode blocks (one m16 row tile, D ≤ 128: the three-stage kernels) over dense caches in a grid
+  // of at most one per SM count at two blocks' rate: on the H100 such a grid moved about as many
+  // bytes a second as one of two blocks per SM with half the keys each (1 x 32K: 16 splits 1.5-1.7 %
+  // faster than 32, 12 splits as fast as 16; 8 x 128K: 2 splits as fast as 4). Paged caches keep
+  // one block's rate: a lone block waits on its page-table reads (on the H200, 8 x 128K at 2 splits
+  // read pages of 1 and 16 tokens at 0.80-0.82 of the dense cache, pages of 64 at 0.94, where 4
+  // splits had read 0.96-1.00). The fewest splits within 5 % of the cheapest: over many waves the
+  // model's last-wave rounding is finer than what it predicts.
   const int64_t rows = std::min<int64_t>(kBlockM, int64_t(heads / heads_kv) * seqlen_q);
   const double partial_tiles = 2.0 * double(rows) / double(block_n);
-  const bool lone_rate = rows <= 16 && head_dim <= 128;
+  const bool lone_rate = !paged && rows <= 16 && head_dim <= 128;
   const auto cost = [&](int s) {
     const int64_t waves = (blocks * s + slots - 1) / slots, split_keys = (int64_t(capacity) + s - 1) / s;
     const double rate = lone_rate && blocks * s <= sm_count ? 2.0 : 1.0;
