@@ -1,10 +1,11 @@
 // A probe for the decode kernel (a debugging tool, not part of the build or the tests; run by
-// probe_decode.sh): flash_decode.cu compiled into this one file (a copy with per-block trace marks
-// inserted by decode_trace.py), launched without torch at GQA 32/8, D = 128, every sequence at
-// the full length, each launch after a 256 MB memset as do_bench's L2 flush. Prints per shape the
-// median time of the launches and, from one more traced launch, when the blocks start, get their
-// first tile, finish their keys and exit (globaltimer, ns from the first block's start), every
-// block's times written to $PROBE_TRACE_CSV where that is set.
+// probe_decode.sh): flash_decode.cu compiled into this one file, launched without torch at GQA
+// 32/8, D = 128, every sequence at the full length, each launch after a 256 MB memset as
+// do_bench's L2 flush. Built as is, it prints per shape the median time of 50 launches. Built with
+// PROBE_TRACE (against the copy with per-block marks that decode_trace.py writes; the marks change
+// the kernel's code, so that build is not timed), it prints, from one traced launch, when the
+// blocks start, get their first tile, finish their keys and exit (globaltimer, ns from the first
+// block's start), every block's times written to $PROBE_TRACE_CSV where that is set.
 //
 //   probe_decode BATCH SEQLEN [SPLITS (0: the heuristic's)] [fp16|bf16]
 #include <cuda_runtime.h>
@@ -16,7 +17,11 @@
 #include <cstring>
 #include <vector>
 
+#ifdef PROBE_TRACE
 #include "flash_decode_traced.cu"
+#else
+#include "flash_decode.cu"
+#endif
 
 namespace {
 
@@ -96,7 +101,12 @@ int main(int argc, char** argv) {
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   std::vector<double> times;
-  for (int rep = 0; rep < 60; ++rep) {
+#ifdef PROBE_TRACE
+  const int reps = 10;  // (warm-up only: this build is not timed)
+#else
+  const int reps = 60;
+#endif
+  for (int rep = 0; rep < reps; ++rep) {
     check(cudaMemsetAsync(flush, rep & 0xff, flush_bytes), "memset");
     cudaEventRecord(start);
     check(run_flash_decode(p, workspace, nullptr), "launch");
@@ -106,11 +116,13 @@ int main(int argc, char** argv) {
     cudaEventElapsedTime(&ms, start, stop);
     if (rep >= 10) times.push_back(1000.0 * ms);
   }
+#ifndef PROBE_TRACE
   const double bytes = 2.0 * double(cache_elems) * 2.0;
   const double us = percentile(times, 0.5);
   std::printf("B=%d S=%d splits=%d %s: %.2f us (p10 %.2f, p90 %.2f), %.0f GB/s\n", batch, seqlen, splits,
               fp16 ? "fp16" : "bf16", us, percentile(times, 0.1), percentile(times, 0.9), bytes / us / 1e3);
 
+#else
   // One traced launch: per block (start, first tile in, keys done, exit, smid).
   const int row_blocks = 1;
   const size_t blocks = size_t(row_blocks) * splits * heads_kv * batch;
@@ -134,14 +146,15 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < blocks; ++i) {
     const unsigned long long* b = &host[i * 5];
     begin.push_back(double(b[0] - t0));
-    first.push_back(double(b[1] - t0));
+    if (b[1] != 0) first.push_back(double(b[1] - t0)), ramp.push_back(double(b[1] - b[0]));  // (0: no keys)
     done.push_back(double(b[2] - t0));
     exit_t.push_back(double(b[3] - t0));
-    ramp.push_back(double(b[1] - b[0]));
     if (b[4] < unsigned(sm_count)) on_sm[b[4]]++;
   }
   if (const char* path = std::getenv("PROBE_TRACE_CSV")) {  // every block, ns from the first start
-    if (FILE* f = std::fopen(path, "w")) {
+    if (FILE* f = std::fopen(path, "w"); f == nullptr) {
+      std::printf("cannot write %s\n", path);
+    } else {
       std::fprintf(f, "block,start,first,done,exit,smid\n");
       for (size_t i = 0; i < blocks; ++i) {
         const unsigned long long* b = &host[i * 5];
@@ -165,5 +178,6 @@ int main(int argc, char** argv) {
   row("start -> first tile", ramp);
   row("keys done", done);
   row("exit", exit_t);
+#endif
   return 0;
 }

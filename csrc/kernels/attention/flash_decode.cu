@@ -609,9 +609,10 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
   // of at most one per SM count at two blocks' rate: on the H100 such a grid moved about as many
   // bytes a second as one of two blocks per SM with half the keys each (1 x 32K: 16 splits 1.5-1.7 %
   // faster than 32, 12 splits as fast as 16; 8 x 128K: 2 splits as fast as 4). Paged caches keep
-  // one block's rate: a lone block waits on its page-table reads (on the H200, 8 x 128K at 2 splits
-  // read pages of 1 and 16 tokens at 0.80-0.82 of the dense cache, pages of 64 at 0.94, where 4
-  // splits had read 0.96-1.00). The fewest splits within 5 % of the cheapest: over many waves the
+  // one block's rate: such grids read them slower (on the H200, 8 x 128K at 2 splits read pages of
+  // 1 and 16 tokens at 0.80-0.82 of the dense cache and of 64 at 0.94, where 4 splits had read
+  // 0.96-1.00; a lone block's copies waiting on its page-table reads would explain it, not
+  // measured). The fewest splits within 5 % of the cheapest: over many waves the
   // model's last-wave rounding is finer than what it predicts.
   const int64_t rows = std::min<int64_t>(kBlockM, int64_t(heads / heads_kv) * seqlen_q);
   const double partial_tiles = 2.0 * double(rows) / double(block_n);
