@@ -12,7 +12,8 @@ decode  one query token, GQA 32 query / 8 KV heads, D = 128, fp16 and bf16, batc
         sum), the ceiling for this traffic. FLASHEXT_BENCH_DECODE_SPLITS="33,64" adds a column
         flashext_split<N> per split count (the heuristic's alternatives, for the notes).
 paged   flashext on the same caches as shuffled pages of 1, 16, 64 and 256 tokens against its
-        dense cache, same shapes.
+        dense cache, same shapes. FLASHEXT_BENCH_PAGED_SPLITS="4,32" adds per split count the dense
+        cache (flashext_split<N>) and every page size (flashext_split<N>_page<P>) at that count.
 Every implementation is first checked against flashext.reference.attention_with_kvcache on the
 first two sequences; rounds in a balanced order, median round. Writes decode.json and decode.png to
 $OUT (or benchmarks/results).
@@ -82,6 +83,10 @@ def section(rows, quick: bool, paged: bool):
             fns = {"flashext": lambda: flashext.flash_attention_with_kvcache(q, k_cache, v_cache, lens)}
             if paged:
                 g = torch.Generator().manual_seed(seqlen)
+                splits = [int(x) for x in os.environ.get("FLASHEXT_BENCH_PAGED_SPLITS", "").split(",") if x.strip()]
+                for n in splits:
+                    fns[f"flashext_split{n}"] = lambda n=n: flashext.flash_attention_with_kvcache(
+                        q, k_cache, v_cache, lens, num_splits=n)
                 for page_size in (1, 16, 64, 256):
                     if page_size == 1 and batch * seqlen > 2**20:
                         continue  # the page-table build alone would dominate the run
@@ -93,6 +98,10 @@ def section(rows, quick: bool, paged: bool):
                     fns[f"flashext_page{page_size}"] = (
                         lambda pk=pk, pv=pv, table=table: flashext.flash_attention_with_kvcache(
                             q, pk, pv, lens, block_table=table))
+                    for n in splits:
+                        fns[f"flashext_split{n}_page{page_size}"] = (
+                            lambda pk=pk, pv=pv, table=table, n=n: flashext.flash_attention_with_kvcache(
+                                q, pk, pv, lens, block_table=table, num_splits=n))
             else:
                 # the split heuristic against no split (num_splits=1) on the same call
                 fns["flashext_split1"] = lambda: flashext.flash_attention_with_kvcache(q, k_cache, v_cache, lens,
