@@ -67,6 +67,11 @@ def paged_copy(cache, page_size, generator):
     return pages, table
 
 
+def env_splits(name: str) -> list[int]:
+    """The split counts a comma-separated environment variable names (none where unset)."""
+    return [int(x) for x in os.environ.get(name, "").split(",") if x.strip()]
+
+
 def section(rows, quick: bool, paged: bool):
     from torch.nn.attention import SDPBackend
 
@@ -83,7 +88,7 @@ def section(rows, quick: bool, paged: bool):
             fns = {"flashext": lambda: flashext.flash_attention_with_kvcache(q, k_cache, v_cache, lens)}
             if paged:
                 g = torch.Generator().manual_seed(seqlen)
-                splits = [int(x) for x in os.environ.get("FLASHEXT_BENCH_PAGED_SPLITS", "").split(",") if x.strip()]
+                splits = env_splits("FLASHEXT_BENCH_PAGED_SPLITS")
                 for n in splits:
                     fns[f"flashext_split{n}"] = lambda n=n: flashext.flash_attention_with_kvcache(
                         q, k_cache, v_cache, lens, num_splits=n)
@@ -106,7 +111,7 @@ def section(rows, quick: bool, paged: bool):
                 # the split heuristic against no split (num_splits=1) on the same call
                 fns["flashext_split1"] = lambda: flashext.flash_attention_with_kvcache(q, k_cache, v_cache, lens,
                                                                                        num_splits=1)
-                for n in (int(x) for x in os.environ.get("FLASHEXT_BENCH_DECODE_SPLITS", "").split(",") if x.strip()):
+                for n in env_splits("FLASHEXT_BENCH_DECODE_SPLITS"):
                     fns[f"flashext_split{n}"] = lambda n=n: flashext.flash_attention_with_kvcache(q, k_cache, v_cache,
                                                                                                   lens, num_splits=n)
                 qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)

@@ -22,6 +22,7 @@
 #else
 #include "flash_decode.cu"
 #endif
+#include "probe_common.h"
 
 namespace {
 
@@ -30,16 +31,6 @@ void check(cudaError_t e, const char* what) {
     std::printf("%s: %s\n", what, cudaGetErrorString(e));
     std::exit(2);
   }
-}
-
-void fill_random(void* buffer, size_t n) {  // 16-bit values in about [-2, 2) (bf16 and fp16 alike)
-  std::vector<uint16_t> host(n);
-  uint32_t state = 12345u;
-  for (auto& x : host) {
-    state = state * 1664525u + 1013904223u;
-    x = uint16_t(((state >> 16) & 0x803f) | 0x3c00);
-  }
-  check(cudaMemcpy(buffer, host.data(), n * 2, cudaMemcpyHostToDevice), "fill");
 }
 
 double percentile(std::vector<double> v, double q) {
@@ -75,7 +66,7 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&flush, flush_bytes), "flush");
   check(cudaMemset(k, 0x3c, cache_elems * 2), "k");  // (every element 0x3c3c: fast at any size)
   check(cudaMemset(v, 0x3b, cache_elems * 2), "v");
-  fill_random(q, q_elems);
+  probe::fill_random_bf16({q}, q_elems);  // (as fp16 too: finite values of moderate size)
   std::vector<int32_t> host_lens(batch, seqlen);
   check(cudaMemcpy(lens, host_lens.data(), batch * 4, cudaMemcpyHostToDevice), "lens");
 

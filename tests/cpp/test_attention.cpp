@@ -137,7 +137,7 @@ TEST(FlashDecode, SplitsFromShapesOnly) {
   // blocks of more than one m16 row tile (8 queries x GQA 4).
   EXPECT_EQ(flashext::flash_decode_num_splits(1, 32, 8, 1, 32768, 256, 132), 32);
   EXPECT_EQ(flashext::flash_decode_num_splits(1, 32, 8, 8, 32768, 128, 132), 32);
-  // Nor paged caches: a lone block waits on its page-table reads.
+  // Nor paged caches, which read slower with one block per SM.
   EXPECT_EQ(flashext::flash_decode_num_splits(1, 32, 8, 1, 32768, 128, 132, /*paged=*/true), 32);
   EXPECT_EQ(flashext::flash_decode_num_splits(8, 32, 8, 1, 131072, 128, 132, /*paged=*/true), 4);
   // 128 sequences x 8 KV heads are 1024 blocks already: no split.

@@ -606,14 +606,11 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
   // each, 32 splits 16), and with s > 1 its fp32 partials written and read back by the combine
   // (rows × D × 4 bytes twice, against 4 · kBlockN · D bytes a tile: 2 · rows / kBlockN tiles).
   // Decode blocks (one m16 row tile, D ≤ 128: the three-stage kernels) over dense caches in a grid
-  // of at most one per SM count at two blocks' rate: on the H100 such a grid moved about as many
-  // bytes a second as one of two blocks per SM with half the keys each (1 x 32K: 16 splits 1.5-1.7 %
-  // faster than 32, 12 splits as fast as 16; 8 x 128K: 2 splits as fast as 4). Paged caches keep
-  // one block's rate: such grids read them slower (on the H200, 8 x 128K at 2 splits read pages of
-  // 1 and 16 tokens at 0.80-0.82 of the dense cache and of 64 at 0.94, where 4 splits had read
-  // 0.96-1.00; a lone block's copies waiting on its page-table reads would explain it, not
-  // measured). The fewest splits within 5 % of the cheapest: over many waves the
-  // model's last-wave rounding is finer than what it predicts.
+  // of at most one per SM count at two blocks' rate: such a grid streams about as fast as one of two
+  // blocks per SM with half the keys each. Over paged caches it does not, so they keep one block's
+  // rate (docs/notes/attention.md, decode section, has both measurements). The fewest splits
+  // within 5 % of the cheapest: over many waves the model's last-wave rounding is finer than what
+  // it predicts.
   const int64_t rows = std::min<int64_t>(kBlockM, int64_t(heads / heads_kv) * seqlen_q);
   const double partial_tiles = 2.0 * double(rows) / double(block_n);
   const bool lone_rate = !paged && rows <= 16 && head_dim <= 128;
