@@ -59,11 +59,20 @@ struct DecodeConfig {
 
 constexpr int kMaxSplits = 64;
 
-// A sequence's keys: its cached tokens plus the new ones, clamped to the capacity (in 64 bits: any
-// int32 length is safe).
-FX_DEVICE int decode_total_keys(const FlashDecodeParams& p, int b) {
-  return int(min(int64_t(max(p.cache_seqlens[b], 0)) + p.seqlen_new, int64_t(p.capacity)));
+// A sequence's keys: its `cached` tokens plus the new ones, clamped to the capacity (in 64 bits:
+// any int32 length is safe).
+FX_DEVICE int decode_total_keys(const FlashDecodeParams& p, int cached) {
+  return int(min(int64_t(max(cached, 0)) + p.seqlen_new, int64_t(p.capacity)));
 }
+
+// The kernel's divisions by run-time values, set up on the host once per launch: a division costs
+// about 20 instructions, and a block's setup does several before its first copy can issue.
+struct DecodeDivisors {
+  FastDivmod group;       // query heads per KV head: a block row r is (query r / group, head r % group)
+  FastDivmod row_blocks;  // row blocks per split: blockIdx.x is (split, row block)
+  FastDivmod page;        // tokens per page (paged caches; 1 for dense ones)
+  int split_keys = 0;     // keys per split, whole key tiles
+};
 
 // The cache row of token t of sequence b (dense: row t of sequence b; paged: through the table,
 // page ids clamped so that no table reaches outside the cache).
@@ -74,8 +83,8 @@ FX_DEVICE int64_t cache_row(const FlashDecodeParams& p, int b, int t, int64_t pa
 }
 
 template <typename T, typename Config>
-__global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const FlashDecodeParams p, float* o_part,
-                                                                        float* lse_part) {
+__global__ void __launch_bounds__(Config::kThreads)
+    flash_decode_kernel(const FlashDecodeParams p, const DecodeDivisors divs, float* o_part, float* lse_part) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kDTiles = kHeadDim / 8;
   constexpr uint32_t kRowBytes = 2 * kHeadDim;
@@ -86,34 +95,32 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
   T* smem_v = smem_k + kStages * Config::kTileKV;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group_id = lane / 4, quad = lane % 4;
-  const int group = p.heads / p.heads_kv;
-  const int row_blocks = (group * p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int row_block = blockIdx.x % row_blocks, split = blockIdx.x / row_blocks;
+  const int group = divs.group.divisor;
+  int split, row_block;
+  divs.row_blocks.divmod(int(blockIdx.x), split, row_block);
   const int kv_head = blockIdx.y, b = blockIdx.z;
-  const int total = decode_total_keys(p, b);
-  const int split_keys = ((p.capacity + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
-  const int diag = total - p.seqlen_q;  // bottom-right: the last query sits at the last key
+  const int cached = p.cache_seqlens[b];  // (its load in flight while the first tiles' copies issue)
+  const int split_keys = divs.split_keys;
   const int row0 = row_block * kBlockM;
-  // Keys this block's rows can see: the split's range, narrowed by causal / window bounds of the
-  // first and last query positions among its rows.
-  const int i_first = row0 / group, i_last = min(row0 + kBlockM - 1, group * p.seqlen_q - 1) / group;
-  int n_lo = split * split_keys, n_hi = min(n_lo + split_keys, total);
-  if (p.window_left >= 0) n_lo = max(n_lo, (i_first + diag - p.window_left) / kBlockN * kBlockN);
-  if (p.window_right >= 0) n_hi = min(n_hi, i_last + diag + p.window_right + 1);
-  const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
-  // Keys every real row of the block sees: tiles inside [mask_free_lo, mask_free_hi) skip the mask
-  // (rows past the block's (query, head) pairs are never written, whatever they see).
-  const int mask_free_hi = p.window_right < 0 ? n_hi : min(n_hi, i_first + diag + p.window_right + 1);
-  const int mask_free_lo = p.window_left < 0 ? 0 : i_last + diag - p.window_left;
+  const int i_first = divs.group.div(row0);
+  const int i_last = divs.group.div(min(row0 + kBlockM - 1, group * p.seqlen_q - 1));
+  // The split's keys within the capacity. With no left window the block's first key is the split's
+  // first, whatever the sequence's length, so the prologue copies the first tiles before the
+  // length is in (rows up to split_hi: memory of the cache) and copies them again in the rare case
+  // that the sequence ends inside them (below).
+  const int split_lo = split * split_keys, split_hi = min(split_lo + split_keys, p.capacity);
+  const bool early = p.window_left < 0;
+  int n_hi = split_hi;  // the copies' bound: split_hi until the length is in
 
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k_cache);
   const T* v = static_cast<const T*>(p.v_cache);
   const auto q_row = [&](int r, int) -> const T* {
-    const int row = row0 + r, i = row / group;
+    int i, g;
+    divs.group.divmod(row0 + r, i, g);
     if (i >= p.seqlen_q) return nullptr;
     return q + int64_t(b) * p.q_batch_stride + int64_t(i) * p.q_row_stride +
-           int64_t(kv_head * group + row % group) * p.q_head_stride;
+           int64_t(kv_head * group + g) * p.q_head_stride;
   };
   // K/V copies: this thread copies 16-byte chunk `chunk` of rows copy_row0 + i · kCopyStep of each
   // tile (i < kCopyRows). Where a tile's rows are consecutive cache rows (dense caches, or pages of
@@ -130,15 +137,12 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
   const T* v_thread = v + int64_t(kv_head) * p.v_head_stride + chunk * 8 + (paged ? 0 : int64_t(b) * p.v_page_stride);
   const int64_t k_step = int64_t(kCopyStep) * p.k_row_stride, v_step = int64_t(kCopyStep) * p.v_row_stride;
   const int32_t* table = paged ? p.block_table + int64_t(b) * p.block_table_stride : nullptr;
-  // t / page_size and t % page_size by a multiply (a run-time division costs ~20 instructions); the
-  // magic numbers once per thread.
-  const FastDivmod page_div(paged ? p.page_size : 1);
   int page[kCopyRows], page_row[kCopyRows];  // pages of whole tiles: [0], the tile's first row
   const auto fetch_pages = [&](int n) {
     if (!paged) return;
     if (whole_pages) {
       int slot;
-      page_div.divmod(n, slot, page_row[0]);
+      divs.page.divmod(n, slot, page_row[0]);
       page[0] = table[slot];  // (clamped where used: nothing waits on this load until then)
       return;
     }
@@ -146,7 +150,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
     for (int i = 0; i < kCopyRows; ++i) {
       const int t = min(n + copy_row0 + i * kCopyStep, n_hi - 1);  // (rows past the range: not copied)
       int slot;
-      page_div.divmod(t, slot, page_row[i]);
+      divs.page.divmod(t, slot, page_row[i]);
       page[i] = table[slot];
     }
   };
@@ -195,14 +199,44 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
   for (int t = 0; t < kDTiles; ++t) acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.0f;
 
   // Prologue: Q and the first kStages - 1 tiles, one commit group per tile (Q rides the first).
-  if (num_n_blocks > 0) load_rows<Config, kBlockM>(smem_q, q_row, p.head_dim, q);
+  const auto prologue = [&](int n_first, int blocks) {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_n_blocks) {
-      fetch_pages(n_lo + s * kBlockN);
-      load_kv(s, n_lo + s * kBlockN);
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < blocks) {
+        fetch_pages(n_first + s * kBlockN);
+        load_kv(s, n_first + s * kBlockN);
+      }
+      ptx::cp_async_commit();
     }
-    ptx::cp_async_commit();
+  };
+  if (early && split_lo < split_hi) {
+    load_rows<Config, kBlockM>(smem_q, q_row, p.head_dim, q);
+    prologue(split_lo, (split_hi - split_lo + kBlockN - 1) / kBlockN);
+  }
+  const int total = decode_total_keys(p, cached);
+  const int diag = total - p.seqlen_q;  // bottom-right: the last query sits at the last key
+  // Keys this block's rows can see: the split's range, narrowed by causal / window bounds of the
+  // first and last query positions among its rows.
+  int n_lo = split_lo;
+  n_hi = min(split_hi, total);
+  if (p.window_left >= 0) n_lo = max(n_lo, (i_first + diag - p.window_left) / kBlockN * kBlockN);
+  if (p.window_right >= 0) n_hi = min(n_hi, i_last + diag + p.window_right + 1);
+  const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
+  // Keys every real row of the block sees: tiles inside [mask_free_lo, mask_free_hi) skip the mask
+  // (rows past the block's (query, head) pairs are never written, whatever they see).
+  const int mask_free_hi = p.window_right < 0 ? n_hi : min(n_hi, i_first + diag + p.window_right + 1);
+  const int mask_free_lo = p.window_left < 0 ? 0 : i_last + diag - p.window_left;
+  // Where the keys end inside the tiles copied early, their rows past the end hold other tokens (or
+  // never-written memory), which the mask would hide in S but not in P V: each thread copies its
+  // own chunks again, those rows zero-filled, once its first copies have landed.
+  const bool again = early && n_hi < min(split_hi, split_lo + (kStages - 1) * kBlockN);
+  if (!early || again) {
+    if (again) {
+      ptx::cp_async_wait<0>();
+    } else if (num_n_blocks > 0) {
+      load_rows<Config, kBlockM>(smem_q, q_row, p.head_dim, q);
+    }
+    prologue(n_lo, num_n_blocks);
   }
   if (kStages - 1 < num_n_blocks) fetch_pages(n_lo + (kStages - 1) * kBlockN);
 
@@ -227,7 +261,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
   // This thread's two rows (group_id, group_id + 8 of the warp's 16) as query positions.
   int row_query[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) row_query[r] = (row0 + 16 * row_warp + group_id + 8 * r) / group;
+  for (int r = 0; r < 2; ++r) row_query[r] = divs.group.div(row0 + 16 * row_warp + group_id + 8 * r);
 
   // One tile's math for this warp's rows over kSlabs 16-key slabs from slab0: S = Q Kᵀ, mask,
   // online softmax, O += P V.
@@ -391,9 +425,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_decode_kernel(const Fl
     float total_sum = row_sum[r];
     total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 1);
     total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 2);
-    const int row = row0 + 16 * row_warp + group_id + 8 * r, i = row / group;
+    int i, g;
+    divs.group.divmod(row0 + 16 * row_warp + group_id + 8 * r, i, g);
     if (i >= p.seqlen_q) continue;
-    const int head = kv_head * group + row % group;
+    const int head = kv_head * group + g;
     const float inv = total_sum > 0.0f ? 1.0f / total_sum : 0.0f;
     const float lse = row_lse({row_max[r] * score_scale, total_sum});
     if (p.num_splits == 1) {
@@ -438,9 +473,6 @@ constexpr int kCombineThreads = 128;
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const FlashDecodeParams p, const float* o_part,
                                                                         const float* lse_part) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the split grid's partials are all written
-#endif
   constexpr int kMaxGroups = kCombineThreads / 2;  // head dims ≥ 8: at least 2 column chunks of 4
   __shared__ float group_max[kMaxGroups], group_sum[kMaxGroups];
   __shared__ int group_nan[kMaxGroups];
@@ -456,6 +488,10 @@ __global__ void __launch_bounds__(kCombineThreads) flash_decode_combine(const Fl
   float m = -INFINITY, l = 0.0f;
   bool nan = false;
   float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  // (the setup above runs under the split grid's tail; from here on its writes are read)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the split grid's partials are all written
+#endif
   if (g < groups) {
     // every split wrote its rows (zeros where it saw no key), so every load is issued
     const float4* o_s = reinterpret_cast<const float4*>(o_part + ((int64_t(b) * p.seqlen_q + i) * p.heads + head) *
@@ -538,11 +574,15 @@ cudaError_t launch_decode_config(const FlashDecodeParams& p, void* workspace, cu
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const int group = p.heads / p.heads_kv;
   const int row_blocks = (group * p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
+  constexpr int kBlockN = Config::kBlockN;
+  DecodeDivisors divs{FastDivmod(group), FastDivmod(row_blocks),
+                      FastDivmod(p.block_table != nullptr ? p.page_size : 1)};
+  divs.split_keys = ((p.capacity + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
   float* o_part = static_cast<float*>(workspace);
   float* lse_part = o_part == nullptr ? nullptr
                                       : o_part + int64_t(p.num_splits) * p.batch * p.seqlen_q * p.heads * p.head_dim;
   const dim3 grid(unsigned(row_blocks * p.num_splits), unsigned(p.heads_kv), unsigned(p.batch));
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, o_part, lse_part);
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, divs, o_part, lse_part);
   FX_RETURN_IF_ERROR(cudaGetLastError());
   if (p.num_splits > 1) {
     const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads;  // ≤ 2^31 − 1: run_flash_decode checks
