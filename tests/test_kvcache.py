@@ -1,9 +1,10 @@
 """flashext.flash_attention_with_kvcache against flashext.reference.attention_with_kvcache (GPU):
 dense and paged caches (page sizes 1 … 257, shuffled tables), appended tokens across page
 boundaries, cache lengths 0, 1 and page boundaries ± 1, GQA 1 … 32, Sq from 1 (decode) to 128,
-every split count equal to unsplit within the rule, masks and options, CUDA graphs, opcheck,
-torch.compile; lengths past the capacity and page ids outside the cache (the caches inside guard
-regions that must come back bitwise), validate=True's refusals; bad input on meta and CUDA."""
+every split count equal to unsplit within the rule, NaN in the rows past each length, masks and
+options, CUDA graphs, opcheck, torch.compile; lengths past the capacity and page ids outside the
+cache (the caches inside guard regions that must come back bitwise), validate=True's refusals; bad
+input on meta and CUDA."""
 
 import pytest
 import torch
@@ -109,6 +110,44 @@ def test_every_split_count_matches_paged_bf16(head_dim, num_splits):
         pages_v[table[b, t // 16].long(), t % 16] = vc[b]
     kn, vn = (randn(3, 1, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
     check(q, pages_k, pages_v, lens, kn, vn, block_table=table, num_splits=num_splits)
+
+
+@requires_cuda
+@pytest.mark.parametrize("paged_cache", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_rows_past_the_length_never_reach_the_output(paged_cache, head_dim):
+    # A split block copies its first tiles before the sequence's length is in, rows up to the
+    # split's end, and copies them again with the rows past the length zero-filled where the keys
+    # end inside them. With NaN in every cache row past each length (and in the pages no table
+    # names), out and lse stay finite and match the reference. Lengths end inside the first two
+    # tiles of a split (64 keys a tile at D <= 128, 32 at 256; 4 splits of 256 keys here).
+    lens = torch.tensor([1, 31, 33, 63, 65, 127, 200, 257, 290, 320, 383, 520, 769, 1000],
+                        dtype=torch.int32, device="cuda")
+    batch, capacity = lens.numel(), 1024
+    q = randn(batch, 1, 8, head_dim, dtype=torch.bfloat16)
+    past = torch.arange(capacity, device="cuda")[None, :] >= lens[:, None]
+    kc, vc = (randn(batch, capacity, 2, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    for cache in (kc, vc):
+        cache[past] = float("nan")
+    want, want_lse = ref.attention_with_kvcache(q, kc, vc, lens, return_lse=True)
+    base, _ = ref.attention_with_kvcache(q, kc, vc, lens, compute_dtype=q.dtype, return_lse=True)
+    table = None
+    if paged_cache:
+        g = torch.Generator().manual_seed(head_dim)
+        kc_pages, table = paged(kc, 16, g)
+        vc_pages = torch.full_like(kc_pages, float("nan"))
+        named = torch.zeros(kc_pages.shape[0], dtype=torch.bool, device="cuda")
+        named[table.long().flatten()] = True
+        kc_pages[~named] = float("nan")
+        t = torch.arange(capacity, device="cuda")
+        for b in range(batch):
+            vc_pages[table[b, t // 16].long(), t % 16] = vc[b]
+        kc, vc = kc_pages, vc_pages
+    for num_splits in (1, 4, 0):
+        out, lse = flashext.flash_attention_with_kvcache(q, kc, vc, lens, block_table=table, num_splits=num_splits,
+                                                         return_lse=True)
+        assert torch.isfinite(out).all() and torch.isfinite(lse).all(), f"NaN past the length, splits={num_splits}"
+        assert_close(f"kvcache out past the length splits={num_splits}", out, want, base)
 
 
 @requires_cuda

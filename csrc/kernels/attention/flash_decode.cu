@@ -106,8 +106,9 @@ __global__ void __launch_bounds__(Config::kThreads)
   const int i_last = divs.group.div(min(row0 + kBlockM - 1, group * p.seqlen_q - 1));
   // The split's keys within the capacity. With no left window the block's first key is the split's
   // first, whatever the sequence's length, so the prologue copies the first tiles before the
-  // length is in (rows up to split_hi: memory of the cache) and copies them again in the rare case
-  // that the sequence ends inside them (below).
+  // length is in (rows up to split_hi: memory of the cache) and copies them again where the
+  // sequence ends inside them (below). A split that starts past its sequence's end reads its first
+  // tiles for nothing (short sequences in a long cache split many ways).
   const int split_lo = split * split_keys, split_hi = min(split_lo + split_keys, p.capacity);
   const bool early = p.window_left < 0;
   int n_hi = split_hi;  // the copies' bound: split_hi until the length is in
