@@ -11,6 +11,10 @@ decode  one query token, GQA 32 query / 8 KV heads, D = 128, fp16 and bf16, batc
         repeats K and V per query head: not at 48 × 8K, 64 × 8K and 8 × 128K), and a read-only anchor: one pass that reads the same K and V bytes (a
         sum), the ceiling for this traffic. FLASHEXT_BENCH_DECODE_SPLITS="33,64" adds a column
         flashext_split<N> per split count (the heuristic's alternatives, for the notes).
+        FLASHEXT_BENCH_DECODE_LENGTHS=ragged: each sequence holds a random length in [1, KV
+        length] (the same draw in every run), GB/s over the bytes those lengths hold, and only
+        flashext's columns (the anchors read whole caches); for A/Bs of the kernels themselves
+        (`gpu.sh ab` with FLASHEXT_AB_ANCHOR=flashext_split1).
 paged   flashext on the same caches as shuffled pages of 1, 16, 64 and 256 tokens against its
         dense cache, same shapes. FLASHEXT_BENCH_PAGED_SPLITS="4,32" adds per split count the dense
         cache (flashext_split<N>) and every page size (flashext_split<N>_page<P>) at that count.
@@ -82,7 +86,11 @@ def section(rows, quick: bool, paged: bool):
             k_cache = torch.randn(batch, seqlen, HEADS_KV, HEAD_DIM, device="cuda").to(dtype)
             v_cache = torch.randn(batch, seqlen, HEADS_KV, HEAD_DIM, device="cuda").to(dtype)
             lens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
-            nbytes = 2 * k_cache.numel() * k_cache.element_size()
+            ragged = not paged and os.environ.get("FLASHEXT_BENCH_DECODE_LENGTHS", "") == "ragged"
+            if ragged:
+                g = torch.Generator().manual_seed(batch * seqlen)
+                lens = torch.randint(1, seqlen + 1, (batch,), generator=g, dtype=torch.int32).cuda()
+            nbytes = 2 * int(lens.sum()) * HEADS_KV * HEAD_DIM * k_cache.element_size()
             row = {"section": "paged" if paged else "decode", "dtype": dname, "batch": batch, "seqlen": seqlen,
                    "bytes": nbytes}
             fns = {"flashext": lambda: flashext.flash_attention_with_kvcache(q, k_cache, v_cache, lens)}
@@ -117,8 +125,9 @@ def section(rows, quick: bool, paged: bool):
                 qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
                 for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
                                       ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
-                    fns[name] = lambda backend=backend: sdpa_backend(backend)(qt, kt, vt).transpose(1, 2)
-                if batch * seqlen <= 2**18:  # the math path materialises (B, H, 1, S) scores and repeats K, V
+                    if not ragged:
+                        fns[name] = lambda backend=backend: sdpa_backend(backend)(qt, kt, vt).transpose(1, 2)
+                if batch * seqlen <= 2**18 and not ragged:  # the math path materialises (B, H, 1, S) scores and repeats K, V
                     fns["sdpa_math"] = lambda: sdpa_backend(SDPBackend.MATH)(qt, kt, vt).transpose(1, 2)
             timed = {}
             for name, fn in fns.items():
@@ -128,7 +137,7 @@ def section(rows, quick: bool, paged: bool):
                     timed[name] = fn
                 except Exception as exc:  # an anchor that does not run here: say so, keep going
                     row[name] = {"error_message": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            if not paged:  # the read-only anchor: one pass over the same K and V bytes
+            if not paged and not ragged:  # the read-only anchor: one pass over the same K and V bytes
                 kv = torch.stack([k_cache, v_cache])
                 timed["read_anchor"] = lambda kv=kv: kv.sum(dtype=torch.float32)
                 row["read_anchor"] = {"valid": True}
