@@ -122,12 +122,13 @@ def section(rows, quick: bool, paged: bool):
                 for n in env_splits("FLASHEXT_BENCH_DECODE_SPLITS"):
                     fns[f"flashext_split{n}"] = lambda n=n: flashext.flash_attention_with_kvcache(q, k_cache, v_cache,
                                                                                                   lens, num_splits=n)
+            anchors = not paged and not ragged  # (SDPA and the read anchor take no lengths: whole caches)
+            if anchors:
                 qt, kt, vt = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
                 for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
                                       ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
-                    if not ragged:
-                        fns[name] = lambda backend=backend: sdpa_backend(backend)(qt, kt, vt).transpose(1, 2)
-                if batch * seqlen <= 2**18 and not ragged:  # the math path materialises (B, H, 1, S) scores and repeats K, V
+                    fns[name] = lambda backend=backend: sdpa_backend(backend)(qt, kt, vt).transpose(1, 2)
+                if batch * seqlen <= 2**18:  # the math path materialises (B, H, 1, S) scores and repeats K, V
                     fns["sdpa_math"] = lambda: sdpa_backend(SDPBackend.MATH)(qt, kt, vt).transpose(1, 2)
             timed = {}
             for name, fn in fns.items():
@@ -137,7 +138,7 @@ def section(rows, quick: bool, paged: bool):
                     timed[name] = fn
                 except Exception as exc:  # an anchor that does not run here: say so, keep going
                     row[name] = {"error_message": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            if not paged and not ragged:  # the read-only anchor: one pass over the same K and V bytes
+            if anchors:  # the read-only anchor: one pass over the same K and V bytes
                 kv = torch.stack([k_cache, v_cache])
                 timed["read_anchor"] = lambda kv=kv: kv.sum(dtype=torch.float32)
                 row["read_anchor"] = {"valid": True}
