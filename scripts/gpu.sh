@@ -20,7 +20,7 @@
 #             A B ... A B ... (narrow it with FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to
 #             $OUT/{a1,b1,...,a2,b2,...}.json, for benchmarks/compare_ab.py; FLASHEXT_AB_BENCH=decode
 #             runs bench_decode --only ${BENCH_AB_SECTION:-decode} instead (compared against sdpa_cudnn);
-#             each run ends after FLASHEXT_AB_RUN_TIMEOUT seconds (default 300: a variant that hangs);
+#             FLASHEXT_AB_ROUNDS rounds (default 2); each run ends after FLASHEXT_AB_RUN_TIMEOUT seconds (default 300: a variant that hangs);
 #             FLASHEXT_AB_DEADLINE=SECONDS (counted from the step's start): no run starts after it, and
 #             the runs done so far are still compared (a call's time limit then cuts no summary)
 #   context_parallel  two GPUs or more (the nvidia-h200-x2 kind): tests/test_distributed.py (the ring
@@ -385,7 +385,7 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
   # (SDPA flash as the compared anchor unless FLASHEXT_BENCH_IMPLS leaves it out: then cuDNN)
   [ -n "${FLASHEXT_BENCH_IMPLS:-}" ] && [[ ",$FLASHEXT_BENCH_IMPLS," != *,sdpa_flash,* ]] && anchor=sdpa_cudnn
   [ "${FLASHEXT_AB_BENCH:-attention}" = decode ] && bench=decode section=${BENCH_AB_SECTION:-decode} anchor=sdpa_cudnn
-  for round in 1 2; do
+  for round in $(seq "${FLASHEXT_AB_ROUNDS:-2}"); do
     for i in "${!names[@]}"; do
       local run=${names[$i]}$round
       if [ "$deadline" -gt 0 ] && [ $((SECONDS - ab_start)) -ge "$deadline" ]; then
@@ -403,7 +403,7 @@ ab() {  # A = this tree; B, C, ... = copies, one per patch in FLASHEXT_AB_PATCH 
   local compare=(--ours "${FLASHEXT_AB_OURS:-flashext}" --anchor "${FLASHEXT_AB_ANCHOR:-$anchor}")
   for i in "${!names[@]}"; do
     [ "$i" = 0 ] && continue
-    for round in 1 2; do
+    for round in $(seq "${FLASHEXT_AB_ROUNDS:-2}"); do
       [ -f "$OUT/a$round.json" ] && [ -f "$OUT/${names[$i]}$round.json" ] || continue
       echo "ab: a$round vs ${names[$i]}$round"
       $PY benchmarks/compare_ab.py "$OUT/a$round.json" "$OUT/${names[$i]}$round.json" "${compare[@]}" | tail -2
