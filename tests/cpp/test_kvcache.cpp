@@ -107,6 +107,11 @@ void run_case(const Case& c) {
     a.k_batch_stride = a.v_batch_stride = int64_t(c.seqlen_new) * c.heads_kv * d;
     FX_ASSERT_CUDA(flashext::run_kvcache_append(p, a, nullptr));
   }
+  int major = 0;
+  FX_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (c.balance_keys && major >= 9) {  // the queue's counters and slots
+    ASSERT_GT(flashext::flash_decode_workspace_bytes(p), 0u) << "the work queue is on for this case";
+  }
   DeviceBuffer workspace(std::max<size_t>(flashext::flash_decode_workspace_bytes(p), 16));
   FX_ASSERT_CUDA(flashext::run_flash_decode(p, workspace.get(), nullptr));
   FX_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -183,12 +188,13 @@ TYPED_TEST(FlashDecodeKernel, AgainstCpuReference) {
 
 // The work queue (balance_keys with one split, a (batch, KV head) unit per SM or more; sm_90): most
 // sequences short and every ninth at the capacity, so blocks run out of their own units at once and
-// take the long ones' tiles. (Elsewhere, or with fewer units, the same case runs the fixed grid.)
+// take the long ones' tiles; at D = 128 more units than blocks (two an SM), so blocks also take
+// units from the counter. (Elsewhere the same cases run the fixed grid.)
 TYPED_TEST(FlashDecodeKernel, WorkQueueTakesTheLongSequencesTiles) {
   FX_SKIP_WITHOUT_GPU();
   int sm_count = 0;
   FX_ASSERT_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
-  const int batch = (sm_count + 1) / 2 + 8;  // two KV heads: a unit per SM and then some
+  const int batch = sm_count + 8;  // two KV heads: two units an SM and then some
   std::vector<int> lengths(batch);
   for (int b = 0; b < batch; ++b) lengths[b] = b % 9 == 0 ? 1023 : (b * 37) % 200;
   for (const int head_dim : {64, 128}) {

@@ -93,6 +93,7 @@ struct DecodeQueue {
   unsigned long long* claims = nullptr;  // [units]
   int* crew = nullptr;                   // [units]
   int* next_unit = nullptr;              // [1]
+  int* started = nullptr;                // [1]: units whose owners have begun (members wait for the rest)
   float* slots = nullptr;                // [units][kMaxHelpers]: rows × D of o, then 16 of lse
   int units = 0;
   int rows = 0;  // rows a unit writes: group · seqlen_q (≤ 16)
@@ -517,9 +518,12 @@ __global__ void __launch_bounds__(Config::kThreads)
   } else {
     // The work queue (DecodeQueue). Every branch below is block-uniform: values that thread 0 gets
     // from an atomic reach the others through shared memory across a barrier.
-    __shared__ unsigned long long claim_msg[2];  // a claim's snapshot, by iteration parity
-    __shared__ unsigned long long scan_msg[Config::kNWarps];
-    __shared__ int unit_msg[4];  // (unit, slot, first tile, end): a join's outcome, or the next unit
+    // Messages in the Q tile's rows past the 16 that a unit's rows fill (no static shared memory:
+    // at D = 64 four blocks an SM use all 228 KiB); the warps' merge overwrites them between units.
+    static_assert(kBlockM >= 32, "the messages fit the Q tile's spare rows");
+    auto* claim_msg = reinterpret_cast<unsigned long long*>(smem_q + 16 * kHeadDim);  // a claim's snapshot, by parity
+    unsigned long long* scan_msg = claim_msg + 2;                           // each warp's best unit
+    int* unit_msg = reinterpret_cast<int*>(scan_msg + Config::kNWarps);      // (unit, slot, first tile, end)
     const int units = queue.units, rows = queue.rows;
     const int64_t slot_floats = int64_t(rows) * p.head_dim + 16;  // (o, then lse: 16 floats keep float2s aligned)
     int unit = int(blockIdx.x);
@@ -546,9 +550,13 @@ __global__ void __launch_bounds__(Config::kThreads)
         if (threadIdx.x == 0) {
           for (int w = 1; w < Config::kNWarps; ++w) best = max(best, scan_msg[w]);
           int pick = -1, got = -1, first = 0, end = 0;
-          if (best != 0) {
+          if (best == 0 && ptx::ld_acquire(queue.started) < units) {
+            __nanosleep(500);  // a unit handed out but not yet started may be worth joining: look again
+            got = -2;
+          } else if (best != 0) {
             pick = (int(blockIdx.x) + units - int(unsigned(best))) % units;
             got = atomicAdd(queue.crew + pick, 1 << 16) >> 16;
+            __threadfence();  // (the join before the claim, for the owner that reads both)
             if (got < kMaxHelpers) {
               const unsigned long long w = atomicAdd(queue.claims + pick, static_cast<unsigned long long>(kClaimTiles));
               first = kOwnTiles + int(unsigned(w));
@@ -561,8 +569,9 @@ __global__ void __launch_bounds__(Config::kThreads)
           unit_msg[0] = pick, unit_msg[1] = got, unit_msg[2] = first, unit_msg[3] = end;
         }
         __syncthreads();
-        if (unit_msg[0] < 0) break;     // nothing left worth taking
-        if (unit_msg[1] < 0) continue;  // its slots were taken meanwhile: look again
+        if (unit_msg[1] == -2) continue;  // units still to start
+        if (unit_msg[0] < 0) break;       // nothing left worth taking, every unit started
+        if (unit_msg[1] < 0) continue;    // its slots were taken meanwhile: look again
         unit = unit_msg[0], slot = unit_msg[1], lo = unit_msg[2], hi = unit_msg[3];
       }
 
@@ -576,13 +585,12 @@ __global__ void __launch_bounds__(Config::kThreads)
       bool more = owner ? tiles > kOwnTiles : lo < hi;  // claims may still return tiles
       bool asked = false, have_next = false, next_asked = false;
       int next_lo = 0, next_hi = 0;
-      unsigned long long answer = 0, add = owner ? (static_cast<unsigned long long>(tiles) << 32) + kClaimTiles
-                                                 : static_cast<unsigned long long>(kClaimTiles);
+      unsigned long long answer = 0;
       int next_unit = 0;
-      const auto ask = [&] {  // a claim in flight (the owner's first also registers the tile count)
+      const auto ask = [&] {  // a claim in flight
         if (!more || asked) return;
-        if (threadIdx.x == 0) answer = atomicAdd(queue.claims + unit, add);
-        add = kClaimTiles, asked = true;
+        if (threadIdx.x == 0) answer = atomicAdd(queue.claims + unit, static_cast<unsigned long long>(kClaimTiles));
+        asked = true;
       };
       const auto ask_next_unit = [&] {  // an owner out of claims takes its next unit meanwhile
         if (!owner || more || next_asked) return;
@@ -597,7 +605,7 @@ __global__ void __launch_bounds__(Config::kThreads)
 #pragma unroll
       for (int t = 0; t < kDTiles; ++t) acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.0f;
 
-      load_rows<Config, kBlockM>(smem_q, q_row, p.head_dim, q);
+      load_rows<Config, 16>(smem_q, q_row, p.head_dim, q);
       int pend[kStages - 1];  // the tiles loaded ahead, in order (−1: a gap)
 #pragma unroll
       for (int s = 0; s < kStages - 1; ++s) {
@@ -610,6 +618,10 @@ __global__ void __launch_bounds__(Config::kThreads)
         asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
         waited = true;
+      }
+      if (owner && threadIdx.x == 0) {  // the unit's tile count, for members to see; one more unit started
+        if (tiles > kOwnTiles) atomicAdd(queue.claims + unit, static_cast<unsigned long long>(tiles) << 32);
+        atomicAdd(queue.started, 1);
       }
       ask();
       ask_next_unit();
@@ -655,6 +667,7 @@ __global__ void __launch_bounds__(Config::kThreads)
         if (owner && tiles > kOwnTiles) {
           if (lane == 0) {
             int c;
+            __threadfence();  // (its last, empty claim before the count it reads)
             while (((c = ptx::ld_acquire(queue.crew + unit)) >> 16) != (c & 0xffff)) __nanosleep(64);
             members = min(c >> 16, kMaxHelpers);
           }
@@ -842,38 +855,46 @@ __global__ void __launch_bounds__(256) decode_queue_reset(const DecodeQueue queu
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   for (int u = int(threadIdx.x); u < queue.units; u += int(blockDim.x)) queue.claims[u] = 0, queue.crew[u] = 0;
-  if (threadIdx.x == 0) *queue.next_unit = 0;
+  if (threadIdx.x == 0) *queue.next_unit = 0, *queue.started = 0;
 }
 
 // Whether a call runs the work queue: decode rows (group · Sq ≤ 16) over dense caches in one split
-// with balance_keys, D ≤ 128, at least a unit per SM, on sm_90+ (griddepcontrol) with room for two
-// three-stage blocks an SM. decode_queue_workspace_bytes and launch_decode ask the same question.
+// with balance_keys, D ≤ 128, at least a unit per SM and at most 64 MiB of slots, with room for two
+// three-stage blocks an SM, on sm_90+ with kernels built for it (griddepcontrol: a PTX-only build
+// for an older arch leaves the grids' overlap out, and so the queue). flash_decode_workspace_bytes
+// and launch_decode ask the same question.
 bool decode_queue_on(const FlashDecodeParams& p) {
-  if (!p.balance_keys || p.num_splits != 1 || p.block_table != nullptr || p.head_dim > 128 ||
-      int64_t(p.heads / p.heads_kv) * p.seqlen_q > 16) {
+  const int64_t rows = int64_t(p.heads / p.heads_kv) * p.seqlen_q, units = int64_t(p.batch) * p.heads_kv;
+  if (!p.balance_keys || p.num_splits != 1 || p.block_table != nullptr || p.head_dim > 128 || rows > 16 ||
+      units * kMaxHelpers * (rows * p.head_dim + 16) * int64_t(sizeof(float)) > (int64_t(64) << 20)) {
     return false;
   }
-  const int64_t units = int64_t(p.batch) * p.heads_kv;
+  static PerDeviceValue built_arch;  // the reset kernel's PTX version, as its decode kernels'
+  const int arch = built_arch.get([](int) {
+    cudaFuncAttributes attributes{};
+    return cudaFuncGetAttributes(&attributes, decode_queue_reset) == cudaSuccess ? attributes.ptxVersion : 0;
+  });
   const int sm_count = current_device_sm_count();
   const int smem_per_sm = p.max_smem_per_sm > 0 ? p.max_smem_per_sm : current_device_smem_per_sm();
   const int block_smem = p.head_dim <= 64 ? DecodeConfig<64>::kSmemBytes : DecodeConfig<128>::kSmemBytes;
-  return sm_count > 0 && units >= sm_count && units <= (1 << 24) && current_device_major() >= 9 &&
+  return sm_count > 0 && units >= sm_count && current_device_major() >= 9 && arch >= 90 &&
          smem_per_sm >= 2 * (block_smem + 1024);
 }
 
-// The queue's workspace: claims (8 bytes a unit), crew (4), next_unit, then 16-byte aligned the
+// The queue's workspace: claims (8 bytes a unit), crew (4), next_unit, started, then 16-byte aligned the
 // slots, kMaxHelpers a unit of rows × D + 16 floats (o, then lse).
 DecodeQueue decode_queue_layout(const FlashDecodeParams& p, void* workspace, size_t* bytes) {
   DecodeQueue queue;
   queue.units = p.batch * p.heads_kv;
   queue.rows = p.heads / p.heads_kv * p.seqlen_q;
-  const size_t counters = (size_t(queue.units) * 12 + 4 + 15) / 16 * 16;
+  const size_t counters = (size_t(queue.units) * 12 + 8 + 15) / 16 * 16;
   *bytes = counters + size_t(queue.units) * kMaxHelpers * (size_t(queue.rows) * p.head_dim + 16) * sizeof(float);
   auto* base = static_cast<unsigned char*>(workspace);
   if (base != nullptr) {
     queue.claims = reinterpret_cast<unsigned long long*>(base);
     queue.crew = reinterpret_cast<int*>(base + size_t(queue.units) * 8);
     queue.next_unit = queue.crew + queue.units;
+    queue.started = queue.next_unit + 1;
     queue.slots = reinterpret_cast<float*>(base + counters);
   }
   return queue;
