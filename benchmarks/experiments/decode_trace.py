@@ -2,7 +2,8 @@
 tool): thread 0 of each block stores globaltimer at its start, when its first tile is in, when its
 keys are done and at its exit, and its SM id, to g_decode_trace[block * 5 + i] where that pointer is
 set. Marks are inserted at lines found by their text, so a patched kernel (an A/B variant) keeps
-them as long as those lines stay.
+them as long as those lines stay. The work queue's kernels (PROBE_BALANCE=1) get the start and SM
+marks only.
 
     python benchmarks/experiments/decode_trace.py SRC DST
 """
@@ -11,7 +12,7 @@ import sys
 
 MARKS = [
     # (text of the line, insert "before" or "after" it, the inserted code)
-    ("template <typename T, typename Config>\n__global__ void __launch_bounds__(Config::kThreads)",
+    ("template <typename T, typename Config, bool kQueue>\n__global__ void __launch_bounds__(Config::kThreads)",
      "before",
      "__device__ unsigned long long* g_decode_trace = nullptr;\n"
      "FX_DEVICE unsigned long long decode_now() {\n"
@@ -28,11 +29,11 @@ MARKS = [
      "    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n"
      "    trace_slot[0] = decode_now(), trace_slot[4] = smid;\n"
      "  }\n"),
-    ("    __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next\n", "after",
-     "    if (trace_slot && it == 0) trace_slot[1] = decode_now();\n"),
-    ("  ptx::cp_async_wait<0>();  // nothing in flight at exit\n", "after",
-     "  if (trace_slot) trace_slot[2] = decode_now();\n"),
-    ("  // Epilogue: this thread's rows; one split writes o and lse, more write fp32 partials.\n", "before",
+    ("      __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next\n",
+     "after", "      if (trace_slot && it == 0) trace_slot[1] = decode_now();\n"),
+    ("    ptx::cp_async_wait<0>();  // nothing in flight at exit\n", "after",
+     "    if (trace_slot) trace_slot[2] = decode_now();\n"),
+    ("    // Epilogue: this thread's rows; one split writes o and lse, more write fp32 partials.\n", "before",
      "  struct TraceExit {\n"
      "    unsigned long long* slot;\n"
      "    FX_DEVICE ~TraceExit() { if (slot) slot[3] = decode_now(); }\n"
