@@ -80,7 +80,7 @@ struct DecodeDivisors {
 // the GPU at once, take units in turn: block i unit i first, then the next from `next_unit`. A
 // unit's owner computes its first kOwnTiles key tiles unasked and claims the rest kClaimTiles at a
 // time from `claims[u]` (low word: tiles claimed past the first kOwnTiles; high word: the unit's
-// tile count, added by the owner's first claim). Once every unit is taken, a block that runs out
+// tile count, added when its owner starts it). Once every unit is taken, a block that runs out
 // of work joins the unit with the most unclaimed tiles per member (`crew[u]`: members joined in
 // the high 16 bits, members finished in the low 16) and claims its tiles as the owner does; it
 // leaves its rows' (o, lse) in the unit's slot of its join order, and the owner, once every member
@@ -94,15 +94,13 @@ struct DecodeQueue {
   int* crew = nullptr;                   // [units]
   int* next_unit = nullptr;              // [1]
   int* started = nullptr;                // [1]: units whose owners have begun (members wait for the rest)
-  float* slots = nullptr;                // [units][kMaxHelpers]: rows × D of o, then 16 of lse
+  float* slots = nullptr;                // [units][kMaxHelpers]: rows (group · Sq) × D of o, then 16 of lse
   int units = 0;
-  int rows = 0;  // rows a unit writes: group · seqlen_q (≤ 16)
 };
 constexpr int kMaxHelpers = 3;      // members besides the owner a unit takes
 constexpr int kOwnTiles = 4;        // tiles an owner starts on unasked (its first claim is in flight meanwhile)
 constexpr int kClaimTiles = 2;      // tiles a claim takes: a helper arriving late waits for at most these
 constexpr int kMinStealTiles = 6;   // a unit with fewer unclaimed tiles is left to its members
-
 
 // The cache row of token t of sequence b (dense: row t of sequence b; paged: through the table,
 // page ids clamped so that no table reaches outside the cache).
@@ -524,7 +522,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     auto* claim_msg = reinterpret_cast<unsigned long long*>(smem_q + 16 * kHeadDim);  // a claim's snapshot, by parity
     unsigned long long* scan_msg = claim_msg + 2;                           // each warp's best unit
     int* unit_msg = reinterpret_cast<int*>(scan_msg + Config::kNWarps);      // (unit, slot, first tile, end)
-    const int units = queue.units, rows = queue.rows;
+    const int units = queue.units, rows = group * p.seqlen_q;  // (≤ 16)
     const int64_t slot_floats = int64_t(rows) * p.head_dim + 16;  // (o, then lse: 16 floats keep float2s aligned)
     int unit = int(blockIdx.x);
     bool owner = true, waited = false;
@@ -886,9 +884,9 @@ bool decode_queue_on(const FlashDecodeParams& p) {
 DecodeQueue decode_queue_layout(const FlashDecodeParams& p, void* workspace, size_t* bytes) {
   DecodeQueue queue;
   queue.units = p.batch * p.heads_kv;
-  queue.rows = p.heads / p.heads_kv * p.seqlen_q;
+  const size_t rows = size_t(p.heads / p.heads_kv) * p.seqlen_q;
   const size_t counters = (size_t(queue.units) * 12 + 8 + 15) / 16 * 16;
-  *bytes = counters + size_t(queue.units) * kMaxHelpers * (size_t(queue.rows) * p.head_dim + 16) * sizeof(float);
+  *bytes = counters + size_t(queue.units) * kMaxHelpers * (rows * p.head_dim + 16) * sizeof(float);
   auto* base = static_cast<unsigned char*>(workspace);
   if (base != nullptr) {
     queue.claims = reinterpret_cast<unsigned long long*>(base);
