@@ -2,8 +2,9 @@
 tool): thread 0 of each block stores globaltimer at its start, when its first tile is in, when its
 keys are done and at its exit, and its SM id, to g_decode_trace[block * 5 + i] where that pointer is
 set. Marks are inserted at lines found by their text, so a patched kernel (an A/B variant) keeps
-them as long as those lines stay. The work queue's kernels (PROBE_BALANCE=1) get the start and SM
-marks only.
+them as long as those lines stay. In the work queue's kernels (PROBE_BALANCE=1) the second mark is
+when the counters' zeroing is done (griddepcontrol.wait), the third when the block has no unit of
+its own left (it helps others from there), the fourth its exit.
 
     python benchmarks/experiments/decode_trace.py SRC DST
 """
@@ -38,6 +39,15 @@ MARKS = [
      "    unsigned long long* slot;\n"
      "    FX_DEVICE ~TraceExit() { if (slot) slot[3] = decode_now(); }\n"
      "  } trace_exit{trace_slot};\n"),
+    ("    // The work queue (DecodeQueue). Every branch below is block-uniform: values that thread 0 gets\n",
+     "before",
+     "    struct TraceQueueExit {\n"
+     "      unsigned long long* slot;\n"
+     "      FX_DEVICE ~TraceQueueExit() { if (slot) slot[3] = decode_now(); }\n"
+     "    } trace_queue_exit{trace_slot};\n"),
+    ("        waited = true;\n", "after", "        if (trace_slot) trace_slot[1] = decode_now();\n"),
+    ("        owner = unit < units;\n", "after",
+     "        if (trace_slot && !owner) trace_slot[2] = decode_now();\n"),
 ]
 
 

@@ -132,6 +132,9 @@ void run_case(const Case& c) {
   const auto out = flashext_test::download<T>(dout.get(), q.size());
   const auto lse = flashext_test::download<float>(dlse.get(), size_t(c.batch) * c.heads * c.seqlen_q);
   const double tol = std::is_same_v<T, __half> ? 4e-3 : 3e-2;
+  // The kernel sums P as rounded to T (the weights P V uses), each p within 2^-11 (fp16) or 2^-8
+  // (bf16) of itself, so l, and lse by as much: a few keys in bf16 reach 1e-3.
+  const double lse_tol = std::is_same_v<T, __half> ? 1e-3 : 4e-3;
   for (int b = 0; b < c.batch; ++b) {
     const int total = std::min(c.lengths[b] + c.seqlen_new, p.capacity);
     for (int h = 0; h < c.heads; ++h) {
@@ -158,7 +161,7 @@ void run_case(const Case& c) {
         }
         double l = 0;
         for (double x : s) l += std::exp(x - m);
-        ASSERT_NEAR(got_lse, m + std::log(l), 1e-3 * std::max(1.0, std::abs(m))) << "b " << b << " h " << h;
+        ASSERT_NEAR(got_lse, m + std::log(l), lse_tol * std::max(1.0, std::abs(m))) << "b " << b << " h " << h;
         for (int e = 0; e < d; ++e) {
           double want = 0;
           for (size_t t = 0; t < s.size(); ++t) {
