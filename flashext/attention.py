@@ -154,10 +154,7 @@ def flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, ca
     place at each sequence's length, then attended too. The queries are the last Sq positions
     (causal and windows aligned bottom-right). Masks and options as flash_attention. num_splits:
     how many blocks share a sequence's keys (0: chosen from the shapes and the GPU, never from the
-    device-side lengths, so no host sync: CUDA-graph safe; on sm_90, where that is one split of
-    decode rows over a dense cache, blocks that finish early take other sequences' last key tiles,
-    so the output's last bits may vary from call to call: torch.use_deterministic_algorithms(True)
-    or a num_splits of your own keeps them fixed). Lengths past the cache's capacity are
+    device-side lengths, so no host sync: CUDA-graph safe). Lengths past the cache's capacity are
     clamped (new tokens past it are dropped; a negative length counts as 0), and page ids outside
     the cache are clamped into it: nothing is read or written outside the caches, whatever the
     values. validate=True checks them instead, before anything is written, from host copies of

@@ -2,9 +2,7 @@
 tool): thread 0 of each block stores globaltimer at its start, when its first tile is in, when its
 keys are done and at its exit, and its SM id, to g_decode_trace[block * 5 + i] where that pointer is
 set. Marks are inserted at lines found by their text, so a patched kernel (an A/B variant) keeps
-them as long as those lines stay. In the work queue's kernels (PROBE_BALANCE=1) the second mark is
-when the counters' zeroing is done (griddepcontrol.wait), the third when the block has no unit of
-its own left (it helps others from there), the fourth its exit.
+them as long as those lines stay.
 
     python benchmarks/experiments/decode_trace.py SRC DST
 """
@@ -13,7 +11,7 @@ import sys
 
 MARKS = [
     # (text of the line, insert "before" or "after" it, the inserted code)
-    ("template <typename T, typename Config, bool kQueue>\n__global__ void __launch_bounds__(Config::kThreads)",
+    ("template <typename T, typename Config>\n__global__ void __launch_bounds__(Config::kThreads)",
      "before",
      "__device__ unsigned long long* g_decode_trace = nullptr;\n"
      "FX_DEVICE unsigned long long decode_now() {\n"
@@ -30,24 +28,15 @@ MARKS = [
      "    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n"
      "    trace_slot[0] = decode_now(), trace_slot[4] = smid;\n"
      "  }\n"),
-    ("      __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next\n",
-     "after", "      if (trace_slot && it == 0) trace_slot[1] = decode_now();\n"),
-    ("    ptx::cp_async_wait<0>();  // nothing in flight at exit\n", "after",
-     "    if (trace_slot) trace_slot[2] = decode_now();\n"),
-    ("    // Epilogue: this thread's rows; one split writes o and lse, more write fp32 partials.\n", "before",
+    ("    __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next\n", "after",
+     "    if (trace_slot && it == 0) trace_slot[1] = decode_now();\n"),
+    ("  ptx::cp_async_wait<0>();  // nothing in flight at exit\n", "after",
+     "  if (trace_slot) trace_slot[2] = decode_now();\n"),
+    ("  // Epilogue: this thread's rows; one split writes o and lse, more write fp32 partials.\n", "before",
      "  struct TraceExit {\n"
      "    unsigned long long* slot;\n"
      "    FX_DEVICE ~TraceExit() { if (slot) slot[3] = decode_now(); }\n"
      "  } trace_exit{trace_slot};\n"),
-    ("    // The work queue (DecodeQueue). Every branch below is block-uniform: values that thread 0 gets\n",
-     "before",
-     "    struct TraceQueueExit {\n"
-     "      unsigned long long* slot;\n"
-     "      FX_DEVICE ~TraceQueueExit() { if (slot) slot[3] = decode_now(); }\n"
-     "    } trace_queue_exit{trace_slot};\n"),
-    ("        waited = true;\n", "after", "        if (trace_slot) trace_slot[1] = decode_now();\n"),
-    ("        owner = unit < units;\n", "after",
-     "        if (trace_slot && !owner) trace_slot[2] = decode_now();\n"),
 ]
 
 

@@ -7,7 +7,7 @@
 // blocks start, get their first tile, finish their keys and exit (globaltimer, ns from the first
 // block's start), every block's times written to $PROBE_TRACE_CSV where that is set.
 //
-//   [PROBE_BALANCE=1] probe_decode BATCH SEQLEN [SPLITS (0: the heuristic's)] [fp16|bf16]
+//   probe_decode BATCH SEQLEN [SPLITS (0: the heuristic's)] [fp16|bf16]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -84,7 +84,6 @@ int main(int argc, char** argv) {
   p.batch = batch, p.heads = heads, p.heads_kv = heads_kv, p.head_dim = d, p.seqlen_q = 1;
   p.softmax_scale = 0.08838834764831845f;
   p.num_splits = splits;
-  p.balance_keys = std::getenv("PROBE_BALANCE") != nullptr;  // the work queue (one split, sm_90)
   p.dtype = fp16 ? DType::kFloat16 : DType::kBFloat16;
   const size_t ws = flash_decode_workspace_bytes(p);
   if (ws > 0) check(cudaMalloc(&workspace, ws), "workspace");

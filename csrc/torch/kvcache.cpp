@@ -2,7 +2,6 @@
 // tracing alike: see common.h), appends the new tokens into the caches, builds FlashDecodeParams
 // (flashext/attention.h) and launches on the current stream. Schema: registration.cpp; the public
 // function: flashext/attention.py.
-#include <ATen/Context.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -135,9 +134,6 @@ std::tuple<at::Tensor, at::Tensor> flash_attn_with_kvcache(
   p.num_splits = num_splits > 0 ? int(num_splits)
                                 : flashext::flash_decode_num_splits(p.batch, p.heads, p.heads_kv, p.seqlen_q, p.capacity,
                                                                     p.head_dim, sm_count, paged);
-  // The shapes' own split count (not one the caller fixed) may balance keys across blocks at run
-  // time, unless results must be bitwise reproducible.
-  p.balance_keys = num_splits == 0 && !at::globalContext().deterministicAlgorithms();
   const cudaStream_t stream = current_stream(q);
   if (p.seqlen_new > 0) {
     const at::Tensor kn = aligned_rows(*k_new);

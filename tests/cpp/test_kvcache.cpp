@@ -30,7 +30,6 @@ struct Case {
   int num_splits = 1;
   bool causal = false;
   int max_smem_per_sm = 0;  // > 0: plan for that much shared memory per SM (the two-stage pipeline)
-  bool balance_keys = false;
 };
 
 template <typename T>
@@ -97,7 +96,6 @@ void run_case(const Case& c) {
   p.window_right = c.causal ? 0 : -1;
   p.num_splits = c.num_splits;
   p.max_smem_per_sm = c.max_smem_per_sm;
-  p.balance_keys = c.balance_keys;
   p.dtype = flashext_test::dtype_of<T>();
   if (c.seqlen_new > 0) {
     flashext::KvAppendParams a;
@@ -106,11 +104,6 @@ void run_case(const Case& c) {
     a.k_head_stride = a.v_head_stride = d;
     a.k_batch_stride = a.v_batch_stride = int64_t(c.seqlen_new) * c.heads_kv * d;
     FX_ASSERT_CUDA(flashext::run_kvcache_append(p, a, nullptr));
-  }
-  int major = 0;
-  FX_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  if (c.balance_keys && major >= 9) {  // the queue's counters and slots
-    ASSERT_GT(flashext::flash_decode_workspace_bytes(p), 0u) << "the work queue is on for this case";
   }
   DeviceBuffer workspace(std::max<size_t>(flashext::flash_decode_workspace_bytes(p), 16));
   FX_ASSERT_CUDA(flashext::run_flash_decode(p, workspace.get(), nullptr));
@@ -187,27 +180,6 @@ TYPED_TEST(FlashDecodeKernel, AgainstCpuReference) {
   run_case<TypeParam>({2, 1, 4, 4, 256, 100, 1, {0, 98}, 1, 3});                     // page size 1, D 256
   run_case<TypeParam>({2, 5, 8, 2, 64, 150, 3, {16, 140}, 17, 7, true});             // page size 17
   run_case<TypeParam>({1, 1, 32, 1, 128, 1000, 1, {999}, 64, 5});                    // MQA 32, full cache
-}
-
-// The work queue (balance_keys with one split, a (batch, KV head) unit per SM or more; sm_90): most
-// sequences short and every ninth at the capacity, so blocks run out of their own units at once and
-// take the long ones' tiles; at D = 128 more units than blocks (two an SM), so blocks also take
-// units from the counter. (Elsewhere the same cases run the fixed grid.)
-TYPED_TEST(FlashDecodeKernel, WorkQueueTakesTheLongSequencesTiles) {
-  FX_SKIP_WITHOUT_GPU();
-  int sm_count = 0;
-  FX_ASSERT_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
-  const int batch = sm_count + 8;  // two KV heads: two units an SM and then some
-  std::vector<int> lengths(batch);
-  for (int b = 0; b < batch; ++b) lengths[b] = b % 9 == 0 ? 1023 : (b * 37) % 200;
-  for (const int head_dim : {64, 128}) {
-    Case gqa{batch, 1, 8, 2, head_dim, 1024, 1, lengths, 0, 1, true};  // 4 rows a unit
-    gqa.balance_keys = true;
-    run_case<TypeParam>(gqa);
-    Case mha{batch, 1, 2, 2, head_dim, 1024, 0, lengths};  // 1 row a unit
-    mha.balance_keys = true;
-    run_case<TypeParam>(mha);
-  }
 }
 
 // GPUs with less shared memory per SM than sm_90 (A100, sm_86/89) run two K/V stages, not three.

@@ -152,10 +152,6 @@ struct FlashDecodeParams {
   float softcap = 0.0f;
   int window_left = -1, window_right = -1;  // causal is window_right = 0
   int num_splits = 1;
-  // One split of decode rows over dense caches on sm_90: let blocks that run out of keys take other
-  // sequences' last key tiles (a work queue in the workspace). Faster where blocks stream at
-  // different rates; the result's last bits then vary from run to run. Off: a fixed grid.
-  bool balance_keys = false;
   DType dtype = DType::kBFloat16;
   // Shared memory per SM the launch plans for (0: the device's): three K/V stages where two such
   // blocks fit (sm_90), else two; tests pass less to run the two-stage pipeline on any GPU.

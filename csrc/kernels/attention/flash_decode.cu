@@ -71,36 +71,8 @@ struct DecodeDivisors {
   FastDivmod group;       // query heads per KV head: a block row r is (query r / group, head r % group)
   FastDivmod row_blocks;  // row blocks per split: blockIdx.x is (split, row block)
   FastDivmod page;        // tokens per page (paged caches; 1 for dense ones)
-  FastDivmod heads_kv;    // the work queue's units: unit u is (batch u / Hkv, KV head u % Hkv)
   int split_keys = 0;     // keys per split, whole key tiles
 };
-
-// The work queue (decode rows over dense caches, one split, sm_90: decode_queue_on). A unit is one
-// (batch, KV head): its block's rows over every key of the sequence. Blocks, about as many as fit
-// the GPU at once, take units in turn: block i unit i first, then the next from `next_unit`. A
-// unit's owner computes its first kOwnTiles key tiles unasked and claims the rest kClaimTiles at a
-// time from `claims[u]` (low word: tiles claimed past the first kOwnTiles; high word: the unit's
-// tile count, added when its owner starts it). Once every unit is taken, a block that runs out
-// of work joins the unit with the most unclaimed tiles per member (`crew[u]`: members joined in
-// the high 16 bits, members finished in the low 16) and claims its tiles as the owner does; it
-// leaves its rows' (o, lse) in the unit's slot of its join order, and the owner, once every member
-// has finished, merges them with its own (merge_lse) and writes o and lse. Where the SMs stream at
-// different rates (on an H200 two blocks an SM run 0.81-0.83 of the time on 24 SMs that the
-// others take), the fast ones take the slow ones' last tiles. The counters are zeroed per call by
-// decode_queue_reset, which the decode grid launches under as its programmatic dependent. Which
-// block computes which tile varies from run to run, so the result's last bits do too.
-struct DecodeQueue {
-  unsigned long long* claims = nullptr;  // [units]
-  int* crew = nullptr;                   // [units]
-  int* next_unit = nullptr;              // [1]
-  int* started = nullptr;                // [1]: units whose owners have begun (members wait for the rest)
-  float* slots = nullptr;                // [units][kMaxHelpers]: rows (group · Sq) × D of o, then 16 of lse
-  int units = 0;
-};
-constexpr int kMaxHelpers = 3;      // members besides the owner a unit takes
-constexpr int kOwnTiles = 4;        // tiles an owner starts on unasked (its first claim is in flight meanwhile)
-constexpr int kClaimTiles = 2;      // tiles a claim takes: a helper arriving late waits for at most these
-constexpr int kMinStealTiles = 6;   // a unit with fewer unclaimed tiles is left to its members
 
 // The cache row of token t of sequence b (dense: row t of sequence b; paged: through the table,
 // page ids clamped so that no table reaches outside the cache).
@@ -110,10 +82,9 @@ FX_DEVICE int64_t cache_row(const FlashDecodeParams& p, int b, int t, int64_t pa
   return int64_t(page) * page_stride + int64_t(t % p.page_size) * row_stride;
 }
 
-template <typename T, typename Config, bool kQueue>
+template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads)
-    flash_decode_kernel(const FlashDecodeParams p, const DecodeDivisors divs, float* o_part, float* lse_part,
-                        const DecodeQueue queue) {
+    flash_decode_kernel(const FlashDecodeParams p, const DecodeDivisors divs, float* o_part, float* lse_part) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kDTiles = kHeadDim / 8;
   constexpr uint32_t kRowBytes = 2 * kHeadDim;
@@ -125,15 +96,10 @@ __global__ void __launch_bounds__(Config::kThreads)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group_id = lane / 4, quad = lane % 4;
   const int group = divs.group.divisor;
-  // (queue: the block's first unit; its row block and split are 0)
-  int split = 0, row_block = 0, kv_head, b;
-  if constexpr (kQueue) {
-    divs.heads_kv.divmod(int(blockIdx.x), b, kv_head);
-  } else {
-    divs.row_blocks.divmod(int(blockIdx.x), split, row_block);
-    kv_head = blockIdx.y, b = blockIdx.z;
-  }
-  const int cached = kQueue ? 0 : p.cache_seqlens[b];  // (its load in flight while the first tiles' copies issue)
+  int split, row_block;
+  divs.row_blocks.divmod(int(blockIdx.x), split, row_block);
+  const int kv_head = blockIdx.y, b = blockIdx.z;
+  const int cached = p.cache_seqlens[b];  // (its load in flight while the first tiles' copies issue)
   const int split_keys = divs.split_keys;
   const int row0 = row_block * kBlockM;
   const int i_first = divs.group.div(row0);
@@ -144,7 +110,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   // sequence ends inside them (below). A split that starts past its sequence's end reads its first
   // tiles for nothing (short sequences in a long cache split many ways).
   const int split_lo = split * split_keys, split_hi = min(split_lo + split_keys, p.capacity);
-  const bool early = !kQueue && p.window_left < 0;
+  const bool early = p.window_left < 0;
   int n_hi = split_hi;  // the copies' bound: split_hi until the length is in
 
   const T* q = static_cast<const T*>(p.q);
@@ -248,38 +214,24 @@ __global__ void __launch_bounds__(Config::kThreads)
     load_rows<Config, kBlockM>(smem_q, q_row, p.head_dim, q);
     prologue(split_lo, (split_hi - split_lo + kBlockN - 1) / kBlockN);
   }
+  const int total = decode_total_keys(p, cached);
+  const int diag = total - p.seqlen_q;  // bottom-right: the last query sits at the last key
   // Keys this block's rows can see: the split's range, narrowed by causal / window bounds of the
-  // first and last query positions among its rows. Keys every real row of the block sees: tiles
-  // inside [mask_free_lo, mask_free_hi) skip the mask (rows past the block's (query, head) pairs
-  // are never written, whatever they see). (The queue sets them per unit, through this lambda;
-  // the fixed grid's kernels, written out, keep D = 64 fp16 at 128 registers, four blocks an SM.)
-  int diag, n_lo, num_n_blocks, mask_free_hi, mask_free_lo;
-  const auto set_bounds = [&](int cached_keys) {
-    diag = decode_total_keys(p, cached_keys) - p.seqlen_q;  // bottom-right: the last query at the last key
-    n_lo = split_lo;
-    n_hi = min(split_hi, diag + p.seqlen_q);
-    if (p.window_left >= 0) n_lo = max(n_lo, (i_first + diag - p.window_left) / kBlockN * kBlockN);
-    if (p.window_right >= 0) n_hi = min(n_hi, i_last + diag + p.window_right + 1);
-    num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
-    mask_free_hi = p.window_right < 0 ? n_hi : min(n_hi, i_first + diag + p.window_right + 1);
-    mask_free_lo = p.window_left < 0 ? 0 : i_last + diag - p.window_left;
-  };
-  if constexpr (!kQueue) {
-    const int total = decode_total_keys(p, cached);
-    diag = total - p.seqlen_q;
-    n_lo = split_lo;
-    n_hi = min(split_hi, total);
-    if (p.window_left >= 0) n_lo = max(n_lo, (i_first + diag - p.window_left) / kBlockN * kBlockN);
-    if (p.window_right >= 0) n_hi = min(n_hi, i_last + diag + p.window_right + 1);
-    num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
-    mask_free_hi = p.window_right < 0 ? n_hi : min(n_hi, i_first + diag + p.window_right + 1);
-    mask_free_lo = p.window_left < 0 ? 0 : i_last + diag - p.window_left;
-  }
+  // first and last query positions among its rows.
+  int n_lo = split_lo;
+  n_hi = min(split_hi, total);
+  if (p.window_left >= 0) n_lo = max(n_lo, (i_first + diag - p.window_left) / kBlockN * kBlockN);
+  if (p.window_right >= 0) n_hi = min(n_hi, i_last + diag + p.window_right + 1);
+  const int num_n_blocks = n_hi > n_lo ? (n_hi - n_lo + kBlockN - 1) / kBlockN : 0;
+  // Keys every real row of the block sees: tiles inside [mask_free_lo, mask_free_hi) skip the mask
+  // (rows past the block's (query, head) pairs are never written, whatever they see).
+  const int mask_free_hi = p.window_right < 0 ? n_hi : min(n_hi, i_first + diag + p.window_right + 1);
+  const int mask_free_lo = p.window_left < 0 ? 0 : i_last + diag - p.window_left;
   // Where the keys end inside the tiles copied early, their rows past the end hold other tokens (or
   // never-written memory), which the mask would hide in S but not in P V: each thread copies its
   // own chunks again, those rows zero-filled, once its first copies have landed.
   const bool again = early && n_hi < min(split_hi, split_lo + (kStages - 1) * kBlockN);
-  if (!kQueue && (!early || again)) {
+  if (!early || again) {
     if (again) {
       ptx::cp_async_wait<0>();
     } else if (num_n_blocks > 0) {
@@ -287,7 +239,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     }
     prologue(n_lo, num_n_blocks);
   }
-  if (!kQueue && kStages - 1 < num_n_blocks) fetch_pages(n_lo + (kStages - 1) * kBlockN);
+  if (kStages - 1 < num_n_blocks) fetch_pages(n_lo + (kStages - 1) * kBlockN);
 
   // Two ways to share a tile among the 4 warps. Rows: warp w owns rows 16 w + [0, 16) and every
   // key of the tile. Keys, when all the block's rows fit one m16 tile (decode: group · Sq ≤ 16):
@@ -296,7 +248,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   // warps' tensor cores share a tile's math instead of one warp doing all of it.
   constexpr int kKeySlabs = kBlockN / 16;
   static_assert(kKeySlabs <= Config::kNWarps, "key sharing gives each warp at most one slab");
-  const bool share_keys = kQueue || group * p.seqlen_q <= 16;  // (the queue's units: always)
+  const bool share_keys = group * p.seqlen_q <= 16;
   const int row_warp = share_keys ? 0 : warp;  // the m16 row tile this warp computes
   const int slab0 = share_keys ? warp : 0;     // its first 16-key slab of each tile
   const uint32_t q_base = ptx::smem_addr(smem_q) + 2 * swizzled<kHeadDim>(16 * row_warp + lane % 16, lane / 16);
@@ -407,10 +359,27 @@ __global__ void __launch_bounds__(Config::kThreads)
     }
   };
 
-  // The warps' states (key sharing) merged into warp 0's, lane by lane (lane t of every warp holds
-  // the same rows and columns), through the tiles' shared memory: warp w > 0 stores (m, l, O) per
-  // lane, element-major so that a warp's 32 lanes hit 32 banks.
-  const auto merge_warps = [&]() {
+  for (int it = 0; it < num_n_blocks; ++it) {
+    const int n_start = n_lo + it * kBlockN, buffer = it % kStages, ahead = it + kStages - 1;
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next
+    if (ahead < num_n_blocks) load_kv(ahead % kStages, n_lo + ahead * kBlockN);
+    ptx::cp_async_commit();
+    if (ahead + 1 < num_n_blocks) fetch_pages(n_lo + (ahead + 1) * kBlockN);
+    if (!warp_busy) continue;  // (a warp-uniform branch; the loop's barrier stays at its top)
+    const bool masked = n_start < mask_free_lo || n_start + kBlockN > mask_free_hi;
+    if (share_keys) {
+      tile_math(std::integral_constant<int, 1>{}, buffer, n_start, masked);
+    } else {
+      tile_math(std::integral_constant<int, kKeySlabs>{}, buffer, n_start, masked);
+    }
+  }
+  ptx::cp_async_wait<0>();  // nothing in flight at exit
+
+  if (share_keys) {
+    // Merge the warps' states into warp 0's, lane by lane (lane t of every warp holds the same rows
+    // and columns), through the tiles' shared memory: warp w > 0 stores (m, l, O) per lane,
+    // element-major so that a warp's 32 lanes hit 32 banks.
     constexpr int kValues = 4 + 4 * kDTiles;
     static_assert((kKeySlabs - 1) * kValues * 32 * 4 <= Config::kSmemBytes, "the merge fits the tiles' memory");
     float* merge = reinterpret_cast<float*>(smem_raw);
@@ -444,296 +413,50 @@ __global__ void __launch_bounds__(Config::kThreads)
         for (int e = 0; e < 4; ++e)
           acc_o[t][e] = acc_o[t][e] * scale_mine[e / 2] + theirs[32 * (4 + 4 * t + e)] * scale_theirs[e / 2];
     }
-  };
+  }
 
-  if constexpr (!kQueue) {
-    for (int it = 0; it < num_n_blocks; ++it) {
-      const int n_start = n_lo + it * kBlockN, buffer = it % kStages, ahead = it + kStages - 1;
-      ptx::cp_async_wait<kStages - 2>();
-      __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next
-      if (ahead < num_n_blocks) load_kv(ahead % kStages, n_lo + ahead * kBlockN);
-      ptx::cp_async_commit();
-      if (ahead + 1 < num_n_blocks) fetch_pages(n_lo + (ahead + 1) * kBlockN);
-      if (!warp_busy) continue;  // (a warp-uniform branch; the loop's barrier stays at its top)
-      const bool masked = n_start < mask_free_lo || n_start + kBlockN > mask_free_hi;
-      if (share_keys) {
-        tile_math(std::integral_constant<int, 1>{}, buffer, n_start, masked);
-      } else {
-        tile_math(std::integral_constant<int, kKeySlabs>{}, buffer, n_start, masked);
-      }
-    }
-    ptx::cp_async_wait<0>();  // nothing in flight at exit
-
-    if (share_keys) {
-      merge_warps();
-      if (warp > 0) return;
-    }
-
-    // The combine kernel (launched as this grid's programmatic dependent) may start its launch now;
-    // it waits for this whole grid's writes before it reads a partial.
+  // The combine kernel (launched as this grid's programmatic dependent) may start its launch now;
+  // it waits for this whole grid's writes before it reads a partial.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-    // Epilogue: this thread's rows; one split writes o and lse, more write fp32 partials.
+  // Epilogue: this thread's rows; one split writes o and lse, more write fp32 partials.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float total_sum = row_sum[r];
-      total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 1);
-      total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 2);
-      int i, g;
-      divs.group.divmod(row0 + 16 * row_warp + group_id + 8 * r, i, g);
-      if (i >= p.seqlen_q) continue;
-      const int head = kv_head * group + g;
-      const float inv = total_sum > 0.0f ? 1.0f / total_sum : 0.0f;
-      const float lse = row_lse({row_max[r] * score_scale, total_sum});
-      if (p.num_splits == 1) {
-        T* o = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
-               int64_t(head) * p.o_head_stride;
+  for (int r = 0; r < 2; ++r) {
+    float total_sum = row_sum[r];
+    total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 1);
+    total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 2);
+    int i, g;
+    divs.group.divmod(row0 + 16 * row_warp + group_id + 8 * r, i, g);
+    if (i >= p.seqlen_q) continue;
+    const int head = kv_head * group + g;
+    const float inv = total_sum > 0.0f ? 1.0f / total_sum : 0.0f;
+    const float lse = row_lse({row_max[r] * score_scale, total_sum});
+    if (p.num_splits == 1) {
+      T* o = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
+             int64_t(head) * p.o_head_stride;
 #pragma unroll
-        for (int t = 0; t < kDTiles; ++t) {
-          const int col = 8 * t + 2 * quad;
-          if (col < p.head_dim) {
-            *reinterpret_cast<uint32_t*>(o + col) = ptx::pack2<T>(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);
-          }
-        }
-        if (p.lse != nullptr && quad == 0) {
-          p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] = lse;
-        }
-      } else {
-        // partials: o (splits, B, Sq, H, D), lse (splits, B, H, Sq)
-        const int64_t part = int64_t(split) * p.batch + b;
-        float* o = o_part + ((part * p.seqlen_q + i) * p.heads + head) * p.head_dim;
-#pragma unroll
-        for (int t = 0; t < kDTiles; ++t) {
-          const int col = 8 * t + 2 * quad;
-          if (col < p.head_dim) {
-            *reinterpret_cast<float2*>(o + col) = make_float2(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);
-          }
-        }
-        if (quad == 0) lse_part[(part * p.heads + head) * p.seqlen_q + i] = lse;
-      }
-    }
-  } else {
-    // The work queue (DecodeQueue). Every branch below is block-uniform: values that thread 0 gets
-    // from an atomic reach the others through shared memory across a barrier.
-    // Messages in the Q tile's rows past the 16 that a unit's rows fill (no static shared memory:
-    // at D = 64 four blocks an SM use all 228 KiB); the warps' merge overwrites them between units.
-    static_assert(kBlockM >= 32, "the messages fit the Q tile's spare rows");
-    auto* claim_msg = reinterpret_cast<unsigned long long*>(smem_q + 16 * kHeadDim);  // a claim's snapshot, by parity
-    unsigned long long* scan_msg = claim_msg + 2;                           // each warp's best unit
-    int* unit_msg = reinterpret_cast<int*>(scan_msg + Config::kNWarps);      // (unit, slot, first tile, end)
-    const int units = queue.units, rows = group * p.seqlen_q;  // (≤ 16)
-    const int64_t slot_floats = int64_t(rows) * p.head_dim + 16;  // (o, then lse: 16 floats keep float2s aligned)
-    int unit = int(blockIdx.x);
-    bool owner = true, waited = false;
-    for (;;) {
-      int lo = 0, hi = 0, slot = -1;  // a member's first claim: tiles [lo, hi)
-      if (!owner) {
-        // The unit whose unclaimed tiles per member are the most (ties: the nearest after this
-        // block's index), among those with at least kMinStealTiles left and a free slot.
-        unsigned long long best = 0;  // (score << 32) | (units − distance); 0: none
-        for (int u = threadIdx.x; u < units; u += Config::kThreads) {
-          const unsigned long long w = __ldcg(queue.claims + u);
-          const int left = int(w >> 32) - kOwnTiles - int(unsigned(w));
-          const int joined = __ldcg(queue.crew + u) >> 16;
-          if (left < kMinStealTiles || joined >= kMaxHelpers) continue;
-          const unsigned score = unsigned(left) * 64u / unsigned(1 + joined);
-          const unsigned near = unsigned(units - (u - int(blockIdx.x) + units) % units);
-          best = max(best, (static_cast<unsigned long long>(score) << 32) | near);
-        }
-#pragma unroll
-        for (int offset = 16; offset > 0; offset /= 2) best = max(best, __shfl_xor_sync(0xffffffffu, best, offset));
-        if (lane == 0) scan_msg[warp] = best;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-          for (int w = 1; w < Config::kNWarps; ++w) best = max(best, scan_msg[w]);
-          int pick = -1, got = -1, first = 0, end = 0;
-          if (best == 0 && ptx::ld_acquire(queue.started) < units) {
-            __nanosleep(500);  // a unit handed out but not yet started may be worth joining: look again
-            got = -2;
-          } else if (best != 0) {
-            pick = (int(blockIdx.x) + units - int(unsigned(best))) % units;
-            got = atomicAdd(queue.crew + pick, 1 << 16) >> 16;
-            __threadfence();  // (the join before the claim, for the owner that reads both)
-            if (got < kMaxHelpers) {
-              const unsigned long long w = atomicAdd(queue.claims + pick, static_cast<unsigned long long>(kClaimTiles));
-              first = kOwnTiles + int(unsigned(w));
-              end = min(first + kClaimTiles, int(w >> 32));
-            } else {
-              atomicAdd(queue.crew + pick, 1);  // full: counted as finished at once
-              got = -1;
-            }
-          }
-          unit_msg[0] = pick, unit_msg[1] = got, unit_msg[2] = first, unit_msg[3] = end;
-        }
-        __syncthreads();
-        if (unit_msg[1] == -2) continue;  // units still to start
-        if (unit_msg[0] < 0) break;       // nothing left worth taking, every unit started
-        if (unit_msg[1] < 0) continue;    // its slots were taken meanwhile: look again
-        unit = unit_msg[0], slot = unit_msg[1], lo = unit_msg[2], hi = unit_msg[3];
-      }
-
-      divs.heads_kv.divmod(unit, b, kv_head);
-      k_thread = k + int64_t(kv_head) * p.k_head_stride + chunk * 8 + int64_t(b) * p.k_page_stride;
-      v_thread = v + int64_t(kv_head) * p.v_head_stride + chunk * 8 + int64_t(b) * p.v_page_stride;
-      set_bounds(p.cache_seqlens[b]);
-      const int tiles = num_n_blocks;
-      if (owner) lo = 0, hi = min(kOwnTiles, tiles);
-      hi = min(hi, tiles);
-      bool more = owner ? tiles > kOwnTiles : lo < hi;  // claims may still return tiles
-      bool asked = false, have_next = false, next_asked = false;
-      int next_lo = 0, next_hi = 0;
-      unsigned long long answer = 0;
-      int next_unit = 0;
-      const auto ask = [&] {  // a claim in flight
-        if (!more || asked) return;
-        if (threadIdx.x == 0) answer = atomicAdd(queue.claims + unit, static_cast<unsigned long long>(kClaimTiles));
-        asked = true;
-      };
-      const auto ask_next_unit = [&] {  // an owner out of claims takes its next unit meanwhile
-        if (!owner || more || next_asked) return;
-        if (threadIdx.x == 0) next_unit = atomicAdd(queue.next_unit, 1);
-        next_asked = true;
-      };
-      const auto take = [&]() -> int {  // the next tile's first key; −1: none yet (or none left)
-        if (lo == hi && have_next) lo = next_lo, hi = next_hi, have_next = false, ask();
-        return lo < hi ? n_lo + (lo++) * kBlockN : -1;
-      };
-      row_sum[0] = row_sum[1] = 0.0f, row_max[0] = row_max[1] = -INFINITY;
-#pragma unroll
-      for (int t = 0; t < kDTiles; ++t) acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.0f;
-
-      load_rows<Config, 16>(smem_q, q_row, p.head_dim, q);
-      int pend[kStages - 1];  // the tiles loaded ahead, in order (−1: a gap)
-#pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) {
-        pend[s] = take();
-        if (pend[s] >= 0) load_kv(s, pend[s]);
-        ptx::cp_async_commit();
-      }
-      if (!waited) {  // the counters' zeroing (decode_queue_reset) is done before the first atomic
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-        waited = true;
-      }
-      if (owner && threadIdx.x == 0) {  // the unit's tile count, for members to see; one more unit started
-        if (tiles > kOwnTiles) atomicAdd(queue.claims + unit, static_cast<unsigned long long>(tiles) << 32);
-        atomicAdd(queue.started, 1);
-      }
-      ask();
-      ask_next_unit();
-      for (int it = 0;; ++it) {
-        bool live = lo < hi || have_next || asked;
-#pragma unroll
-        for (int s = 0; s < kStages - 1; ++s) live = live || pend[s] >= 0;
-        if (!live) break;
-        const int n_start = pend[0];
-#pragma unroll
-        for (int s = 0; s + 1 < kStages - 1; ++s) pend[s] = pend[s + 1];
-        if (threadIdx.x == 0 && asked) claim_msg[it & 1] = answer;
-        ptx::cp_async_wait<kStages - 2>();
-        __syncthreads();  // as the loop above; and the claim's snapshot is in
-        if (asked) {
-          const unsigned long long w = claim_msg[it & 1];
-          const int first = kOwnTiles + int(unsigned(w)), end = min(first + kClaimTiles, tiles);
-          asked = false;
-          if (first < end) {
-            next_lo = first, next_hi = end, have_next = true;
-          } else {
-            more = false;
-            ask_next_unit();
-          }
-        }
-        const int n_next = take();
-        pend[kStages - 2] = n_next;
-        if (n_next >= 0) load_kv((it + kStages - 1) % kStages, n_next);
-        ptx::cp_async_commit();
-        if (n_start < 0 || !warp_busy) continue;
-        const bool masked = n_start < mask_free_lo || n_start + kBlockN > mask_free_hi;
-        tile_math(std::integral_constant<int, 1>{}, it % kStages, n_start, masked);
-      }
-      ptx::cp_async_wait<0>();
-      ask_next_unit();
-      merge_warps();
-
-      if (warp == 0) {
-        // A member leaves its rows' (o, lse) in its slot and counts itself finished; the owner waits
-        // for every member that joined (none can join with a tile left once its claims came back
-        // empty) and merges their slots into its rows.
-        int members = 0;
-        if (owner && tiles > kOwnTiles) {
-          if (lane == 0) {
-            int c;
-            __threadfence();  // (its last, empty claim before the count it reads)
-            while (((c = ptx::ld_acquire(queue.crew + unit)) >> 16) != (c & 0xffff)) __nanosleep(64);
-            members = min(c >> 16, kMaxHelpers);
-          }
-          __syncwarp();
-          members = __shfl_sync(0xffffffffu, members, 0);
-        }
-        float* unit_slots = queue.slots + int64_t(unit) * kMaxHelpers * slot_floats;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float total_sum = row_sum[r];
-          total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 1);
-          total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 2);
-          const int row = group_id + 8 * r;  // the unit's row: (query row / group, head row % group)
-          if (row >= rows) continue;
-          const float inv = total_sum > 0.0f ? 1.0f / total_sum : 0.0f;
-          float lse = row_lse({row_max[r] * score_scale, total_sum});
-          float o[kDTiles][2];
-#pragma unroll
-          for (int t = 0; t < kDTiles; ++t) o[t][0] = acc_o[t][2 * r] * inv, o[t][1] = acc_o[t][2 * r + 1] * inv;
-          if (!owner) {
-            float* mine = unit_slots + slot * slot_floats;
-#pragma unroll
-            for (int t = 0; t < kDTiles; ++t) {
-              const int col = 8 * t + 2 * quad;
-              if (col < p.head_dim) *reinterpret_cast<float2*>(mine + row * p.head_dim + col) = make_float2(o[t][0], o[t][1]);
-            }
-            if (quad == 0) mine[rows * p.head_dim + row] = lse;
-            continue;
-          }
-          for (int s = 0; s < members; ++s) {
-            const float* theirs = unit_slots + s * slot_floats;
-            const LseMerge m = merge_lse(lse, __ldcg(theirs + rows * p.head_dim + row));
-#pragma unroll
-            for (int t = 0; t < kDTiles; ++t) {
-              const int col = 8 * t + 2 * quad;
-              if (col < p.head_dim) {
-                const float2 x = __ldcg(reinterpret_cast<const float2*>(theirs + row * p.head_dim + col));
-                o[t][0] = m.weight_a * o[t][0] + m.weight_b * x.x, o[t][1] = m.weight_a * o[t][1] + m.weight_b * x.y;
-              }
-            }
-            lse = m.lse;
-          }
-          int i, g;
-          divs.group.divmod(row, i, g);
-          const int head = kv_head * group + g;
-          T* out = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
-                   int64_t(head) * p.o_head_stride;
-#pragma unroll
-          for (int t = 0; t < kDTiles; ++t) {
-            const int col = 8 * t + 2 * quad;
-            if (col < p.head_dim) *reinterpret_cast<uint32_t*>(out + col) = ptx::pack2<T>(o[t][0], o[t][1]);
-          }
-          if (p.lse != nullptr && quad == 0) {
-            p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] = lse;
-          }
-        }
-        if (!owner) {
-          __threadfence();  // the slot's writes before the count that releases them
-          __syncwarp();
-          if (lane == 0) atomicAdd(queue.crew + unit, 1);
+      for (int t = 0; t < kDTiles; ++t) {
+        const int col = 8 * t + 2 * quad;
+        if (col < p.head_dim) {
+          *reinterpret_cast<uint32_t*>(o + col) = ptx::pack2<T>(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);
         }
       }
-      if (owner && threadIdx.x == 0) unit_msg[0] = next_unit + int(gridDim.x);
-      __syncthreads();  // (also: warp 0 is done with the merge's shared memory before the next Q lands)
-      if (owner) {
-        unit = unit_msg[0];
-        owner = unit < units;
+      if (p.lse != nullptr && quad == 0) {
+        p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] = lse;
       }
+    } else {
+      // partials: o (splits, B, Sq, H, D), lse (splits, B, H, Sq)
+      const int64_t part = int64_t(split) * p.batch + b;
+      float* o = o_part + ((part * p.seqlen_q + i) * p.heads + head) * p.head_dim;
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) {
+        const int col = 8 * t + 2 * quad;
+        if (col < p.head_dim) {
+          *reinterpret_cast<float2*>(o + col) = make_float2(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);
+        }
+      }
+      if (quad == 0) lse_part[(part * p.heads + head) * p.seqlen_q + i] = lse;
     }
   }
 }
@@ -846,107 +569,21 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const FlashDecodePa
   store_pack<T, 8>(v, c, load_pack<T, 8>(static_cast<const T*>(a.v) + src_v, c));
 }
 
-// Zeroes the work queue's counters; the decode grid launches as its programmatic dependent, so the
-// two launches overlap and the decode blocks' first tiles load while this runs.
-__global__ void __launch_bounds__(256) decode_queue_reset(const DecodeQueue queue) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-  for (int u = int(threadIdx.x); u < queue.units; u += int(blockDim.x)) queue.claims[u] = 0, queue.crew[u] = 0;
-  if (threadIdx.x == 0) *queue.next_unit = 0, *queue.started = 0;
-}
-
-// Whether a call runs the work queue: decode rows (group · Sq ≤ 16) over dense caches in one split
-// with balance_keys, D ≤ 128, at least a unit per SM and at most 64 MiB of slots, with room for two
-// three-stage blocks an SM, on sm_90+ with kernels built for it (griddepcontrol: a PTX-only build
-// for an older arch leaves the grids' overlap out, and so the queue). flash_decode_workspace_bytes
-// and launch_decode ask the same question.
-bool decode_queue_on(const FlashDecodeParams& p) {
-  const int64_t rows = int64_t(p.heads / p.heads_kv) * p.seqlen_q, units = int64_t(p.batch) * p.heads_kv;
-  if (!p.balance_keys || p.num_splits != 1 || p.block_table != nullptr || p.head_dim > 128 || rows > 16 ||
-      units * kMaxHelpers * (rows * p.head_dim + 16) * int64_t(sizeof(float)) > (int64_t(64) << 20)) {
-    return false;
-  }
-  static PerDeviceValue built_arch;  // the reset kernel's PTX version, as its decode kernels'
-  const int arch = built_arch.get([](int) {
-    cudaFuncAttributes attributes{};
-    return cudaFuncGetAttributes(&attributes, decode_queue_reset) == cudaSuccess ? attributes.ptxVersion : 0;
-  });
-  const int sm_count = current_device_sm_count();
-  const int smem_per_sm = p.max_smem_per_sm > 0 ? p.max_smem_per_sm : current_device_smem_per_sm();
-  const int block_smem = p.head_dim <= 64 ? DecodeConfig<64>::kSmemBytes : DecodeConfig<128>::kSmemBytes;
-  return sm_count > 0 && units >= sm_count && current_device_major() >= 9 && arch >= 90 &&
-         smem_per_sm >= 2 * (block_smem + 1024);
-}
-
-// The queue's workspace: claims (8 bytes a unit), crew (4), next_unit, started, then 16-byte aligned the
-// slots, kMaxHelpers a unit of rows × D + 16 floats (o, then lse).
-DecodeQueue decode_queue_layout(const FlashDecodeParams& p, void* workspace, size_t* bytes) {
-  DecodeQueue queue;
-  queue.units = p.batch * p.heads_kv;
-  const size_t rows = size_t(p.heads / p.heads_kv) * p.seqlen_q;
-  const size_t counters = (size_t(queue.units) * 12 + 8 + 15) / 16 * 16;
-  *bytes = counters + size_t(queue.units) * kMaxHelpers * (rows * p.head_dim + 16) * sizeof(float);
-  auto* base = static_cast<unsigned char*>(workspace);
-  if (base != nullptr) {
-    queue.claims = reinterpret_cast<unsigned long long*>(base);
-    queue.crew = reinterpret_cast<int*>(base + size_t(queue.units) * 8);
-    queue.next_unit = queue.crew + queue.units;
-    queue.started = queue.next_unit + 1;
-    queue.slots = reinterpret_cast<float*>(base + counters);
-  }
-  return queue;
-}
-
-template <typename T, typename Config>
-cudaError_t launch_decode_queue(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
-  auto kernel = flash_decode_kernel<T, Config, true>;
-  FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
-  static PerDeviceValue resident;  // blocks an SM holds at once
-  const int per_sm = resident.get([&](int) {
-    int n = 0;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Config::kThreads, Config::kSmemBytes) ==
-                   cudaSuccess
-               ? n
-               : 0;
-  });
-  size_t bytes = 0;
-  const DecodeQueue queue = decode_queue_layout(p, workspace, &bytes);
-  const int blocks = std::min(queue.units, std::max(per_sm, 1) * current_device_sm_count());
-  const int group = p.heads / p.heads_kv;
-  DecodeDivisors divs{FastDivmod(group), FastDivmod(1), FastDivmod(1), FastDivmod(p.heads_kv)};
-  divs.split_keys = (p.capacity + Config::kBlockN - 1) / Config::kBlockN * Config::kBlockN;
-  decode_queue_reset<<<1, 256, 0, stream>>>(queue);
-  FX_RETURN_IF_ERROR(cudaGetLastError());
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(Config::kThreads);
-  config.dynamicSmemBytes = Config::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, p, divs, static_cast<float*>(nullptr), static_cast<float*>(nullptr),
-                            queue);
-}
-
 template <typename T, typename Config>
 cudaError_t launch_decode_config(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
-  auto kernel = flash_decode_kernel<T, Config, false>;
+  auto kernel = flash_decode_kernel<T, Config>;
   FX_RETURN_IF_ERROR(allow_dynamic_smem(kernel, Config::kSmemBytes));
   const int group = p.heads / p.heads_kv;
   const int row_blocks = (group * p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
   constexpr int kBlockN = Config::kBlockN;
   DecodeDivisors divs{FastDivmod(group), FastDivmod(row_blocks),
-                      FastDivmod(p.block_table != nullptr ? p.page_size : 1), FastDivmod(1)};
+                      FastDivmod(p.block_table != nullptr ? p.page_size : 1)};
   divs.split_keys = ((p.capacity + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
   float* o_part = static_cast<float*>(workspace);
   float* lse_part = o_part == nullptr ? nullptr
                                       : o_part + int64_t(p.num_splits) * p.batch * p.seqlen_q * p.heads * p.head_dim;
   const dim3 grid(unsigned(row_blocks * p.num_splits), unsigned(p.heads_kv), unsigned(p.batch));
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, divs, o_part, lse_part, DecodeQueue{});
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p, divs, o_part, lse_part);
   FX_RETURN_IF_ERROR(cudaGetLastError());
   if (p.num_splits > 1) {
     const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads;  // ≤ 2^31 − 1: run_flash_decode checks
@@ -977,7 +614,6 @@ cudaError_t launch_decode(const FlashDecodeParams& p, void* workspace, cudaStrea
     if (smem_per_sm < 2 * (Deep::kSmemBytes + 1024)) {
       return launch_decode_config<T, DecodeConfig<kHeadDim, 2>>(p, workspace, stream);
     }
-    if (kHeadDim <= 128 && decode_queue_on(p)) return launch_decode_queue<T, Deep>(p, workspace, stream);
   }
   return launch_decode_config<T, Deep>(p, workspace, stream);
 }
@@ -1033,12 +669,6 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
 }
 
 size_t flash_decode_workspace_bytes(const FlashDecodeParams& p) {
-  using namespace attention_detail;
-  if (decode_params_ok(p) && decode_queue_on(p)) {
-    size_t bytes = 0;
-    decode_queue_layout(p, nullptr, &bytes);
-    return bytes;
-  }
   if (p.num_splits <= 1) return 0;
   const int64_t rows = int64_t(p.num_splits) * p.batch * p.seqlen_q * p.heads;
   return size_t(rows * p.head_dim + rows) * sizeof(float);
@@ -1046,9 +676,7 @@ size_t flash_decode_workspace_bytes(const FlashDecodeParams& p) {
 
 cudaError_t run_flash_decode(const FlashDecodeParams& p, void* workspace, cudaStream_t stream) {
   using namespace attention_detail;
-  if (!decode_params_ok(p) || ((p.num_splits > 1 || decode_queue_on(p)) && workspace == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!decode_params_ok(p) || (p.num_splits > 1 && workspace == nullptr)) return cudaErrorInvalidValue;
   if (p.num_splits > 1 && int64_t(p.batch) * p.seqlen_q * p.heads > int64_t(INT32_MAX)) {
     return cudaErrorInvalidConfiguration;  // the combine's grid: a block per (batch, query, head) row
   }
