@@ -20,7 +20,8 @@
 #             A B ... A B ... (narrow it with FLASHEXT_BENCH_SEQLENS/HEAD_DIMS/DTYPES/IMPLS), JSON to
 #             $OUT/{a1,b1,...,a2,b2,...}.json, for benchmarks/compare_ab.py; FLASHEXT_AB_BENCH=decode
 #             runs bench_decode --only ${BENCH_AB_SECTION:-decode} instead (compared against sdpa_cudnn);
-#             FLASHEXT_AB_ROUNDS rounds (default 2); each run ends after FLASHEXT_AB_RUN_TIMEOUT seconds (default 300: a variant that hangs);
+#             FLASHEXT_AB_ROUNDS rounds (default 2); each run ends after FLASHEXT_AB_RUN_TIMEOUT seconds
+#             (default 300: a variant that hangs);
 #             FLASHEXT_AB_DEADLINE=SECONDS (counted from the step's start): no run starts after it, and
 #             the runs done so far are still compared (a call's time limit then cuts no summary)
 #   context_parallel  two GPUs or more (the nvidia-h200-x2 kind): tests/test_distributed.py (the ring
