@@ -104,13 +104,13 @@ __global__ void __launch_bounds__(Config::kThreads)
   const int row0 = row_block * kBlockM;
   const int i_first = divs.group.div(row0);
   const int i_last = divs.group.div(min(row0 + kBlockM - 1, group * p.seqlen_q - 1));
-  // The split's keys within the capacity. With no left window the block's first key is the split's
-  // first, whatever the sequence's length, so the prologue copies the first tiles before the
-  // length is in (rows up to split_hi: memory of the cache) and copies them again where the
-  // sequence ends inside them (below). A split that starts past its sequence's end reads its first
-  // tiles for nothing (short sequences in a long cache split many ways).
+  // The split's keys within the capacity. With no left window the first split's first key is key 0,
+  // whatever the sequence's length, so its prologue copies the first tiles before the length is in
+  // (rows up to split_hi: memory of the cache) and copies them again where the sequence ends inside
+  // them (below). Later splits wait for the length: one past its sequence's end would read its
+  // first tiles for nothing, and short sequences in a long cache leave most splits so.
   const int split_lo = split * split_keys, split_hi = min(split_lo + split_keys, p.capacity);
-  const bool early = p.window_left < 0;
+  const bool early = p.window_left < 0 && split == 0;
   int n_hi = split_hi;  // the copies' bound: split_hi until the length is in
 
   const T* q = static_cast<const T*>(p.q);
