@@ -120,11 +120,12 @@ def test_every_split_count_matches_paged_bf16(head_dim, num_splits):
 @pytest.mark.parametrize("paged_cache", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_rows_past_the_length_never_reach_the_output(paged_cache, head_dim):
-    # A split block copies its first tiles before the sequence's length is in, rows up to the
-    # split's end, and copies them again with the rows past the length zero-filled where the keys
-    # end inside them. With NaN in every cache row past each length (and in the pages no table
-    # names), out and lse stay finite and match the reference. Lengths end inside the first two
-    # tiles of a split (64 keys a tile at D <= 128, 32 at 256; 4 splits of 256 keys here).
+    # A sequence's first split block copies its first tiles before the length is in, rows up to
+    # the split's end, and copies them again with the rows past the length zero-filled where the
+    # keys end inside them; later splits copy once the length is in. With NaN in every cache row
+    # past each length (and in the pages no table names), out and lse stay finite and match the
+    # reference. Lengths end inside the first two tiles of a split (64 keys a tile at D <= 128, 32
+    # at 256; 4 splits of 256 keys here): the first split's and the later ones'.
     lens = torch.tensor([1, 31, 33, 63, 65, 127, 200, 257, 290, 320, 383, 520, 769, 1000],
                         dtype=torch.int32, device="cuda")
     batch, capacity = lens.numel(), 1024
