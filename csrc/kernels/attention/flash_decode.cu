@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   int split, row_block;
   divs.row_blocks.divmod(int(blockIdx.x), split, row_block);
   const int kv_head = blockIdx.y, b = blockIdx.z;
-  const int cached = p.cache_seqlens[b];  // (its load in flight while the first tiles' copies issue)
+  const int cached = p.cache_seqlens[b];  // (in flight while the first split's first copies issue)
   const int split_keys = divs.split_keys;
   const int row0 = row_block * kBlockM;
   const int i_first = divs.group.div(row0);
