@@ -1,8 +1,9 @@
 """Writes a copy of flash_decode.cu with per-block trace marks for probe_decode.cu (a debugging
 tool): thread 0 of each block stores globaltimer at its start, when its first tile is in, when its
 keys are done and at its exit, and its SM id, to g_decode_trace[block * 5 + i] where that pointer is
-set. Marks are inserted at lines found by their text, so a patched kernel (an A/B variant) keeps
-them as long as those lines stay.
+set. Marks are inserted at lines found by their text (an anchor without a trailing newline: the
+one line that starts with it), so a patched kernel (an A/B variant) keeps them as long as those
+lines stay.
 
     python benchmarks/experiments/decode_trace.py SRC DST
 """
@@ -28,11 +29,11 @@ MARKS = [
      "    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n"
      "    trace_slot[0] = decode_now(), trace_slot[4] = smid;\n"
      "  }\n"),
-    ("    __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next\n", "after",
+    ("    __syncthreads();  // tile `it` is in", "after",
      "    if (trace_slot && it == 0) trace_slot[1] = decode_now();\n"),
     ("  ptx::cp_async_wait<0>();  // nothing in flight at exit\n", "after",
      "  if (trace_slot) trace_slot[2] = decode_now();\n"),
-    ("  // Epilogue: this thread's rows; one split writes o and lse, more write fp32 partials.\n", "before",
+    ("  // Epilogue: this thread's rows", "before",
      "  struct TraceExit {\n"
      "    unsigned long long* slot;\n"
      "    FX_DEVICE ~TraceExit() { if (slot) slot[3] = decode_now(); }\n"
@@ -43,6 +44,9 @@ MARKS = [
 def main(src, dst):
     text = open(src).read()
     for anchor, where, code in MARKS:
+        if not anchor.endswith("\n"):  # the whole line that starts with it
+            lines = [line for line in text.splitlines(keepends=True) if line.startswith(anchor)]
+            anchor = lines[0] if len(lines) == 1 else anchor + "\n"
         if text.count(anchor) != 1:
             sys.exit(f"decode_trace.py: the line {anchor.strip()[:60]!r} is not in {src} exactly once")
         text = text.replace(anchor, code + anchor if where == "before" else anchor + code)

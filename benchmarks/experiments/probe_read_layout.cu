@@ -1,0 +1,187 @@
+// Read-pattern probe for the decode kernel (a debugging tool, not part of the build or the tests):
+// does the order in which blocks read a (B, S, Hkv, D) cache change the HBM's rate? Each variant
+// reads the same K and V bytes (GQA 32/8 caches: Hkv = 8, D = 128, 2-byte elements) with the same
+// number of blocks, bytes a block and pipeline (128 threads, three 16 KiB-a-tensor stages of
+// cp.async, as flash_decode.cu at D = 128), and differs only in which bytes a block reads:
+//   head  block (b, kv head): its head's 256-byte column of each token, 64 tokens a tile (the decode
+//         kernel's pattern: a 2 KiB token row is read by 8 blocks, 256 bytes each);
+//   row   block (b, eighth of the tokens): whole 2 KiB token rows, 8 tokens a tile (each tile one
+//         contiguous 16 KiB run);
+//   headb as head, the grid (batch, heads): a token row's 8 blocks launched a batch apart;
+//   ldg   as head, through 16-byte ld.global.nc into registers instead of cp.async;
+//   flat  a grid-stride loop of 16-byte loads over each tensor, 4 blocks of 256 threads an SM (the
+//         plain read ceiling).
+// Every call is timed after a 256 MB memset (as triton's do_bench flushes L2), median of 41 calls.
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a probe_read_layout.cu -o probe_read_layout
+//   ./probe_read_layout 32 4096 64 8192 128 2048
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+constexpr int kThreads = 128, kStages = 3, kTile = 16384, kRowBytes = 256, kHeads = 8;
+
+__device__ __forceinline__ void cp16(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// kMode 0: the head pattern, grid (1, heads, batch); 1: the row pattern, grid (1, 8, batch); 2: the
+// head pattern, grid (batch, heads): a batch's heads launched batch apart instead of together.
+// Tiles: S / 64 a block in each.
+template <int kMode>
+__global__ void __launch_bounds__(kThreads) read_pipelined(const char* k, const char* v, int seqlen, int* sink) {
+  extern __shared__ __align__(128) char smem[];
+  const unsigned base = unsigned(__cvta_generic_to_shared(smem));
+  constexpr bool kRow = kMode == 1;
+  const int b = kMode == 2 ? blockIdx.x : blockIdx.z, tid = threadIdx.x, tiles = seqlen / 64;
+  const long long seq = (long long)b * seqlen * kHeads * kRowBytes;
+  const auto issue = [&](int tile) {
+    const unsigned kd = base + (tile % kStages) * 2 * kTile, vd = kd + kTile;
+    for (int i = 0; i < 8; ++i) {
+      long long off;
+      unsigned d;
+      if (kRow) {  // token t0 + i of this block's eighth, bytes tid * 16 of its 2 KiB row
+        const int t = blockIdx.y * (seqlen / 8) + tile * 8 + i;
+        off = seq + (long long)t * kHeads * kRowBytes + tid * 16;
+        d = i * 2048 + tid * 16;
+      } else {  // token 64 tile + tid / 16 + 8 i, chunk tid % 16 of head blockIdx.y
+        const int r = tid / 16 + 8 * i, t = tile * 64 + r;
+        off = seq + ((long long)t * kHeads + blockIdx.y) * kRowBytes + (tid % 16) * 16;
+        d = r * kRowBytes + (tid % 16) * 16;
+      }
+      cp16(kd + d, k + off);
+      cp16(vd + d, v + off);
+    }
+  };
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < tiles) issue(s);
+    commit();
+  }
+  int acc = 0;
+  for (int it = 0; it < tiles; ++it) {
+    wait_group<kStages - 2>();
+    __syncthreads();
+    if (it + kStages - 1 < tiles) issue(it + kStages - 1);
+    commit();
+    acc += reinterpret_cast<const int*>(smem + (it % kStages) * 2 * kTile)[tid];
+  }
+  wait_group<0>();
+  if (acc == 0x7fffffff) *sink = acc;  // keeps the loads live
+}
+
+__global__ void __launch_bounds__(kThreads) read_ldg(const char* k, const char* v, int seqlen, int* sink) {
+  const int b = blockIdx.z, tid = threadIdx.x, tiles = seqlen / 64;
+  const long long seq = (long long)b * seqlen * kHeads * kRowBytes;
+  int acc = 0;
+  for (int tile = 0; tile < tiles; ++tile) {
+    int4 x[16];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int t = tile * 64 + tid / 16 + 8 * i;
+      const long long off = seq + ((long long)t * kHeads + blockIdx.y) * kRowBytes + (tid % 16) * 16;
+      asm volatile("ld.global.nc.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(x[i].x), "=r"(x[i].y), "=r"(x[i].z), "=r"(x[i].w) : "l"(k + off));
+      asm volatile("ld.global.nc.v4.s32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(x[8 + i].x), "=r"(x[8 + i].y), "=r"(x[8 + i].z), "=r"(x[8 + i].w)
+                   : "l"(v + off));
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc ^= x[i].x ^ x[i].y ^ x[i].z ^ x[i].w;
+  }
+  if (acc == 0x7fffffff) *sink = acc;
+}
+
+__global__ void read_flat(const int4* k, const int4* v, long long n, int* sink) {
+  int acc = 0;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    int4 a, c;
+    asm volatile("ld.global.nc.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(k + i));
+    asm volatile("ld.global.nc.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(c.x), "=r"(c.y), "=r"(c.z), "=r"(c.w) : "l"(v + i));
+    acc ^= a.x ^ a.w ^ c.x ^ c.w;
+  }
+  if (acc == 0x7fffffff) *sink = acc;
+}
+
+#define CHECK(x)                                                                  \
+  do {                                                                            \
+    cudaError_t e = (x);                                                          \
+    if (e != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e));                \
+      std::exit(1);                                                               \
+    }                                                                             \
+  } while (0)
+
+template <typename F>
+float time_ms(F launch, char* flush, size_t flush_bytes) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < 46; ++i) {
+    CHECK(cudaMemsetAsync(flush, i, flush_bytes));
+    CHECK(cudaEventRecord(a));
+    launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float t;
+    CHECK(cudaEventElapsedTime(&t, a, b));
+    if (i >= 5) ms.push_back(t);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t flush_bytes = size_t(256) << 20;
+  char* flush;
+  CHECK(cudaMalloc(&flush, flush_bytes));
+  int* sink;
+  CHECK(cudaMalloc(&sink, sizeof(int)));
+  const int smem = kStages * 2 * kTile;
+  CHECK(cudaFuncSetAttribute(read_pipelined<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CHECK(cudaFuncSetAttribute(read_pipelined<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CHECK(cudaFuncSetAttribute(read_pipelined<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %d SMs\n", prop.name, sms);
+  for (int a = 1; a + 1 < argc; a += 2) {
+    const int batch = std::atoi(argv[a]), seqlen = std::atoi(argv[a + 1]);
+    const size_t bytes = size_t(batch) * seqlen * kHeads * kRowBytes;  // one tensor
+    char *k, *v;
+    CHECK(cudaMalloc(&k, bytes));
+    CHECK(cudaMalloc(&v, bytes));
+    CHECK(cudaMemset(k, 1, bytes));
+    CHECK(cudaMemset(v, 2, bytes));
+    const dim3 grid(1, kHeads, batch);
+    const float head = time_ms([&] { read_pipelined<0><<<grid, kThreads, smem>>>(k, v, seqlen, sink); }, flush, flush_bytes);
+    const float row = time_ms([&] { read_pipelined<1><<<grid, kThreads, smem>>>(k, v, seqlen, sink); }, flush, flush_bytes);
+    const float headb = time_ms(
+        [&] { read_pipelined<2><<<dim3(batch, kHeads), kThreads, smem>>>(k, v, seqlen, sink); }, flush, flush_bytes);
+    const float ldg = time_ms([&] { read_ldg<<<grid, kThreads>>>(k, v, seqlen, sink); }, flush, flush_bytes);
+    const float flat = time_ms(
+        [&] {
+          read_flat<<<4 * sms, 256>>>(reinterpret_cast<const int4*>(k), reinterpret_cast<const int4*>(v), bytes / 16, sink);
+        },
+        flush, flush_bytes);
+    const auto gbs = [&](float ms) { return 2.0 * bytes / (ms * 1e6); };
+    std::printf("%4d x %6d  GB/s: head %.0f  row %.0f (%.3fx head)  headb %.0f (%.3fx)  ldg %.0f (%.3fx)  flat %.0f (%.3fx)\n",
+                batch, seqlen, gbs(head), gbs(row), head / row, gbs(headb), head / headb, gbs(ldg), head / ldg, gbs(flat),
+                head / flat);
+    CHECK(cudaFree(k));
+    CHECK(cudaFree(v));
+  }
+  return 0;
+}
