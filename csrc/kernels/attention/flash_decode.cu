@@ -10,7 +10,8 @@
 // ahead), in a cp.async pipeline of kStages buffers: the FA2 loop of
 // flash_fwd_kernel.cuh with one m16 row tile per warp, where warps with no real rows only copy;
 // or, when every row fits one m16 tile (decode), each warp takes a 16-key slab of every tile for
-// those rows, and the 4 warps' softmax states merge at the end.
+// those rows, and the 4 warps' softmax states merge at the end (each warp merging the row states
+// and writing a quarter of O's columns).
 // Row sums add the 16-bit P that P V multiplies. One split writes o and lse itself; more write
 // fp32 partials that flash_decode_combine merges by their lse.
 //
@@ -376,16 +377,19 @@ __global__ void __launch_bounds__(Config::kThreads)
   }
   ptx::cp_async_wait<0>();  // nothing in flight at exit
 
+  // Key sharing: the warps' states merge through the tiles' shared memory (lane t of every warp
+  // holds the same rows and columns). Every warp with a slab stores (m, l, O) per lane,
+  // element-major so that a warp's 32 lanes hit 32 banks; then every warp merges the row states
+  // and its own quarter of O's column tiles (tiles warp + kNWarps j), and writes those columns.
+  constexpr int kValues = 4 + 4 * kDTiles, kMergedTiles = kDTiles / Config::kNWarps;
+  static_assert(kKeySlabs * kValues * 32 * 4 <= Config::kSmemBytes, "the merge fits the tiles' memory");
+  static_assert(kDTiles % Config::kNWarps == 0, "whole column tiles a warp");
+  float merged[kMergedTiles][4];
   if (share_keys) {
-    // Merge the warps' states into warp 0's, lane by lane (lane t of every warp holds the same rows
-    // and columns), through the tiles' shared memory: warp w > 0 stores (m, l, O) per lane,
-    // element-major so that a warp's 32 lanes hit 32 banks.
-    constexpr int kValues = 4 + 4 * kDTiles;
-    static_assert((kKeySlabs - 1) * kValues * 32 * 4 <= Config::kSmemBytes, "the merge fits the tiles' memory");
     float* merge = reinterpret_cast<float*>(smem_raw);
     __syncthreads();  // every warp is done reading the tiles
-    if (warp > 0 && warp < kKeySlabs) {
-      float* mine = merge + (warp - 1) * kValues * 32 + lane;
+    if (warp < kKeySlabs) {  // (warps past the slabs hold nothing)
+      float* mine = merge + warp * kValues * 32 + lane;
       mine[0] = row_max[0], mine[32] = row_max[1], mine[64] = row_sum[0], mine[96] = row_sum[1];
 #pragma unroll
       for (int t = 0; t < kDTiles; ++t)
@@ -393,25 +397,30 @@ __global__ void __launch_bounds__(Config::kThreads)
         for (int e = 0; e < 4; ++e) mine[32 * (4 + 4 * t + e)] = acc_o[t][e];
     }
     __syncthreads();
-    if (warp > 0) return;
-#pragma unroll 1
-    for (int w = 0; w < kKeySlabs - 1; ++w) {  // (warps past the slabs hold nothing)
-      const float* theirs = merge + w * kValues * 32 + lane;
-      float scale_mine[2], scale_theirs[2];
+    const float* state = merge + lane;
+    float scale[kKeySlabs][2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float their_max = theirs[32 * r];
-        const float m = fmaxf(row_max[r], their_max);
-        scale_mine[r] = rescale_factor(row_max[r], m, score_scale);
-        scale_theirs[r] = rescale_factor(their_max, m, score_scale);
-        row_sum[r] = row_sum[r] * scale_mine[r] + theirs[32 * (2 + r)] * scale_theirs[r];
-        row_max[r] = m;
+    for (int r = 0; r < 2; ++r) {
+      float m = -INFINITY, l = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kKeySlabs; ++w) m = fmaxf(m, state[w * kValues * 32 + 32 * r]);
+#pragma unroll
+      for (int w = 0; w < kKeySlabs; ++w) {
+        scale[w][r] = rescale_factor(state[w * kValues * 32 + 32 * r], m, score_scale);
+        l += state[w * kValues * 32 + 32 * (2 + r)] * scale[w][r];
       }
+      row_max[r] = m, row_sum[r] = l;
+    }
 #pragma unroll
-      for (int t = 0; t < kDTiles; ++t)
+    for (int j = 0; j < kMergedTiles; ++j) {
+      const float* tile = state + 32 * (4 + 4 * (warp + Config::kNWarps * j));
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          acc_o[t][e] = acc_o[t][e] * scale_mine[e / 2] + theirs[32 * (4 + 4 * t + e)] * scale_theirs[e / 2];
+      for (int e = 0; e < 4; ++e) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kKeySlabs; ++w) o += tile[w * kValues * 32 + 32 * e] * scale[w][e / 2];
+        merged[j][e] = o;
+      }
     }
   }
 
@@ -420,44 +429,55 @@ __global__ void __launch_bounds__(Config::kThreads)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  // Epilogue: this thread's rows; one split writes o and lse, more write fp32 partials.
+  // Epilogue: this thread's rows over column tiles t_first + t_step j; one split writes o and lse
+  // (lse: the first warp), more write fp32 partials.
+  const auto epilogue = [&](const auto& o_tiles, int t_first, int t_step) {
+    constexpr int kTiles = sizeof(o_tiles) / sizeof(o_tiles[0]);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float total_sum = row_sum[r];
-    total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 1);
-    total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 2);
-    int i, g;
-    divs.group.divmod(row0 + 16 * row_warp + group_id + 8 * r, i, g);
-    if (i >= p.seqlen_q) continue;
-    const int head = kv_head * group + g;
-    const float inv = total_sum > 0.0f ? 1.0f / total_sum : 0.0f;
-    const float lse = row_lse({row_max[r] * score_scale, total_sum});
-    if (p.num_splits == 1) {
-      T* o = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
-             int64_t(head) * p.o_head_stride;
+    for (int r = 0; r < 2; ++r) {
+      float total_sum = row_sum[r];
+      total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 1);
+      total_sum += __shfl_xor_sync(0xffffffffu, total_sum, 2);
+      int i, g;
+      divs.group.divmod(row0 + 16 * row_warp + group_id + 8 * r, i, g);
+      if (i >= p.seqlen_q) continue;
+      const int head = kv_head * group + g;
+      const float inv = total_sum > 0.0f ? 1.0f / total_sum : 0.0f;
+      const float lse = row_lse({row_max[r] * score_scale, total_sum});
+      const bool lse_writer = quad == 0 && (t_step == 1 || warp == 0);
+      if (p.num_splits == 1) {
+        T* o = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
+               int64_t(head) * p.o_head_stride;
 #pragma unroll
-      for (int t = 0; t < kDTiles; ++t) {
-        const int col = 8 * t + 2 * quad;
-        if (col < p.head_dim) {
-          *reinterpret_cast<uint32_t*>(o + col) = ptx::pack2<T>(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);
+        for (int j = 0; j < kTiles; ++j) {
+          const int col = 8 * (t_first + t_step * j) + 2 * quad;
+          if (col < p.head_dim) {
+            *reinterpret_cast<uint32_t*>(o + col) =
+                ptx::pack2<T>(o_tiles[j][2 * r] * inv, o_tiles[j][2 * r + 1] * inv);
+          }
         }
-      }
-      if (p.lse != nullptr && quad == 0) {
-        p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] = lse;
-      }
-    } else {
-      // partials: o (splits, B, Sq, H, D), lse (splits, B, H, Sq)
-      const int64_t part = int64_t(split) * p.batch + b;
-      float* o = o_part + ((part * p.seqlen_q + i) * p.heads + head) * p.head_dim;
-#pragma unroll
-      for (int t = 0; t < kDTiles; ++t) {
-        const int col = 8 * t + 2 * quad;
-        if (col < p.head_dim) {
-          *reinterpret_cast<float2*>(o + col) = make_float2(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);
+        if (p.lse != nullptr && lse_writer) {
+          p.lse[int64_t(b) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + i] = lse;
         }
+      } else {
+        // partials: o (splits, B, Sq, H, D), lse (splits, B, H, Sq)
+        const int64_t part = int64_t(split) * p.batch + b;
+        float* o = o_part + ((part * p.seqlen_q + i) * p.heads + head) * p.head_dim;
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) {
+          const int col = 8 * (t_first + t_step * j) + 2 * quad;
+          if (col < p.head_dim) {
+            *reinterpret_cast<float2*>(o + col) = make_float2(o_tiles[j][2 * r] * inv, o_tiles[j][2 * r + 1] * inv);
+          }
+        }
+        if (lse_writer) lse_part[(part * p.heads + head) * p.seqlen_q + i] = lse;
       }
-      if (quad == 0) lse_part[(part * p.heads + head) * p.seqlen_q + i] = lse;
     }
+  };
+  if (share_keys) {
+    epilogue(merged, warp, Config::kNWarps);
+  } else {
+    epilogue(acc_o, 0, 1);
   }
 }
 
