@@ -1,9 +1,9 @@
 """Writes a copy of flash_decode.cu with per-block trace marks for probe_decode.cu (a debugging
 tool): thread 0 of each block stores globaltimer at its start, when its first tile is in, when its
 keys are done and at its exit, and its SM id, to g_decode_trace[block * 5 + i] where that pointer is
-set. Marks are inserted at lines found by their text (an anchor without a trailing newline: the
-one line that starts with it), so a patched kernel (an A/B variant) keeps them as long as those
-lines stay.
+set. Marks are inserted at text found exactly once (an anchor of part of one line, no newline in
+it: the one line that starts with it), so a patched kernel (an A/B variant) keeps them as long as
+those lines stay.
 
     python benchmarks/experiments/decode_trace.py SRC DST
 """
@@ -44,7 +44,7 @@ MARKS = [
 def main(src, dst):
     text = open(src).read()
     for anchor, where, code in MARKS:
-        if not anchor.endswith("\n"):  # the whole line that starts with it
+        if "\n" not in anchor:  # one line's start: the whole line that starts with it
             lines = [line for line in text.splitlines(keepends=True) if line.startswith(anchor)]
             anchor = lines[0] if len(lines) == 1 else anchor + "\n"
         if text.count(anchor) != 1:

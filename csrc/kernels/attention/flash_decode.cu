@@ -430,7 +430,8 @@ __global__ void __launch_bounds__(Config::kThreads)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   // Epilogue: this thread's rows over column tiles t_first + t_step j; one split writes o and lse
-  // (lse: the first warp), more write fp32 partials.
+  // (with key sharing, the first warp's lanes write the lse of the rows all warps share), more
+  // write fp32 partials.
   const auto epilogue = [&](const auto& o_tiles, int t_first, int t_step) {
     constexpr int kTiles = sizeof(o_tiles) / sizeof(o_tiles[0]);
 #pragma unroll
