@@ -9,8 +9,8 @@
 //         contiguous 16 KiB run);
 //   headb as head, the grid (batch, heads): a token row's 8 blocks launched a batch apart;
 //   ldg   as head, through 16-byte ld.global.nc into registers instead of cp.async;
-//   flat  a grid-stride loop of 16-byte loads over each tensor, 4 blocks of 256 threads an SM (the
-//         plain read ceiling).
+//   flat  a grid-stride loop of 16-byte loads over each tensor, 4 blocks of 256 threads an SM (a
+//         plain read with no pipeline; below head on an H100).
 // Every call is timed after a 256 MB memset (as triton's do_bench flushes L2), median of 41 calls.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a probe_read_layout.cu -o probe_read_layout
 //   ./probe_read_layout 32 4096 64 8192 128 2048
@@ -136,6 +136,8 @@ float time_ms(F launch, char* flush, size_t flush_bytes) {
     if (i >= 5) ms.push_back(t);
   }
   CHECK(cudaGetLastError());
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
@@ -159,6 +161,10 @@ int main(int argc, char** argv) {
   std::printf("%s, %d SMs\n", prop.name, sms);
   for (int a = 1; a + 1 < argc; a += 2) {
     const int batch = std::atoi(argv[a]), seqlen = std::atoi(argv[a + 1]);
+    if (batch < 1 || seqlen < 64 || seqlen % 64 != 0) {  // (whole 64-token tiles, every block the same)
+      std::fprintf(stderr, "usage: %s BATCH SEQLEN [BATCH SEQLEN ...], SEQLEN a multiple of 64\n", argv[0]);
+      return 1;
+    }
     const size_t bytes = size_t(batch) * seqlen * kHeads * kRowBytes;  // one tensor
     char *k, *v;
     CHECK(cudaMalloc(&k, bytes));

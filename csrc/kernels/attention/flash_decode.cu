@@ -445,6 +445,7 @@ __global__ void __launch_bounds__(Config::kThreads)
       const int head = kv_head * group + g;
       const float inv = total_sum > 0.0f ? 1.0f / total_sum : 0.0f;
       const float lse = row_lse({row_max[r] * score_scale, total_sum});
+      // (t_step 1: the row path, where each warp owns its rows; else key sharing, rows shared)
       const bool lse_writer = quad == 0 && (t_step == 1 || warp == 0);
       if (p.num_splits == 1) {
         T* o = static_cast<T*>(p.o) + int64_t(b) * p.o_batch_stride + int64_t(i) * p.o_row_stride +
