@@ -12,7 +12,7 @@ import sys
 
 MARKS = [
     # (text of the line, insert "before" or "after" it, the inserted code)
-    ("template <typename T, typename Config>\n__global__ void __launch_bounds__(Config::kThreads)",
+    ("template <typename T, typename Config>\n__global__ void __launch_bounds__(Config::kThreads",
      "before",
      "__device__ unsigned long long* g_decode_trace = nullptr;\n"
      "FX_DEVICE unsigned long long decode_now() {\n"

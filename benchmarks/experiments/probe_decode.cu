@@ -1,16 +1,17 @@
 // A probe for the decode kernel (a debugging tool, not part of the build or the tests; run by
 // probe_decode.sh): flash_decode.cu compiled into this one file, launched without torch at GQA
-// 32/8, D = 128, every sequence at the full length, each launch after a 256 MB memset as
+// 32/8, D = 128 (or the head dim of the fifth argument), every sequence at the full length, each launch after a 256 MB memset as
 // do_bench's L2 flush. Built as is, it prints per shape the median time of 50 launches. Built with
 // PROBE_TRACE (against the copy with per-block marks that decode_trace.py writes; the marks change
 // the kernel's code, so that build is not timed), it prints, from one traced launch, when the
 // blocks start, get their first tile, finish their keys and exit (globaltimer, ns from the first
 // block's start), every block's times written to $PROBE_TRACE_CSV where that is set.
 //
-//   probe_decode BATCH SEQLEN [SPLITS (0: the heuristic's)] [fp16|bf16]
+//   probe_decode BATCH SEQLEN [SPLITS (0: the heuristic's)] [fp16|bf16] [64|128|256]
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -42,12 +43,12 @@ double percentile(std::vector<double> v, double q) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s BATCH SEQLEN [SPLITS] [fp16|bf16]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s BATCH SEQLEN [SPLITS] [fp16|bf16] [HEAD_DIM]\n", argv[0]);
     return 1;
   }
   using namespace flashext;
   const int batch = atoi(argv[1]), seqlen = atoi(argv[2]);
-  const int heads = 32, heads_kv = 8, d = 128;
+  const int heads = 32, heads_kv = 8, d = argc > 5 ? atoi(argv[5]) : 128;
   int sm_count = 0;
   check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "sm count");
   int splits = argc > 3 ? atoi(argv[3]) : 0;
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
   p.cache_seqlens = lens;
   p.capacity = seqlen;
   p.batch = batch, p.heads = heads, p.heads_kv = heads_kv, p.head_dim = d, p.seqlen_q = 1;
-  p.softmax_scale = 0.08838834764831845f;
+  p.softmax_scale = 1.0f / std::sqrt(float(d));
   p.num_splits = splits;
   p.dtype = fp16 ? DType::kFloat16 : DType::kBFloat16;
   const size_t ws = flash_decode_workspace_bytes(p);
@@ -110,7 +111,7 @@ int main(int argc, char** argv) {
 #ifndef PROBE_TRACE
   const double bytes = 2.0 * double(cache_elems) * 2.0;
   const double us = percentile(times, 0.5);
-  std::printf("B=%d S=%d splits=%d %s: %.2f us (p10 %.2f, p90 %.2f), %.0f GB/s\n", batch, seqlen, splits,
+  std::printf("B=%d S=%d D=%d splits=%d %s: %.2f us (p10 %.2f, p90 %.2f), %.0f GB/s\n", batch, seqlen, d, splits,
               fp16 ? "fp16" : "bf16", us, percentile(times, 0.1), percentile(times, 0.9), bytes / us / 1e3);
 
 #else
