@@ -46,6 +46,11 @@ struct DecodeConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kNWarps = 4;
   static constexpr int kThreads = 32 * kNWarps;
+  // Blocks an SM that the registers must allow: at D = 64 the four that shared memory holds (left
+  // to itself, ptxas gives the bf16 kernel registers for three); elsewhere no minimum (0: ptxas's
+  // own count already fits the two blocks that shared memory holds, and an explicit minimum
+  // changes D = 128's code, to more registers or to spills).
+  static constexpr int kMinBlocks = kHeadDim <= 64 ? 4 : 0;
   static constexpr int kBlockM = 16 * kNWarps;  // rows: (query, group head) pairs
   static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
   // K/V buffers: up to two tiles in flight while one is read where two such blocks fit an SM
@@ -84,7 +89,7 @@ FX_DEVICE int64_t cache_row(const FlashDecodeParams& p, int b, int t, int64_t pa
 }
 
 template <typename T, typename Config>
-__global__ void __launch_bounds__(Config::kThreads)
+__global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
     flash_decode_kernel(const FlashDecodeParams p, const DecodeDivisors divs, float* o_part, float* lse_part) {
   constexpr int kHeadDim = Config::kHeadDim, kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kDTiles = kHeadDim / 8;
