@@ -1,11 +1,12 @@
 // A probe for the decode kernel (a debugging tool, not part of the build or the tests; run by
 // probe_decode.sh): flash_decode.cu compiled into this one file, launched without torch at GQA
-// 32/8, D = 128 (or the head dim of the fifth argument), every sequence at the full length, each launch after a 256 MB memset as
-// do_bench's L2 flush. Built as is, it prints per shape the median time of 50 launches. Built with
-// PROBE_TRACE (against the copy with per-block marks that decode_trace.py writes; the marks change
-// the kernel's code, so that build is not timed), it prints, from one traced launch, when the
-// blocks start, get their first tile, finish their keys and exit (globaltimer, ns from the first
-// block's start), every block's times written to $PROBE_TRACE_CSV where that is set.
+// 32/8, D = 128 (or the fifth argument's head dim), every sequence at the full length, each launch
+// after a 256 MB memset as do_bench's L2 flush. Built as is, it prints per shape the median time of
+// 50 launches. Built with PROBE_TRACE (against the copy with per-block marks that decode_trace.py
+// writes; the marks change the kernel's code, so that build is not timed), it prints, from one
+// traced launch, when the blocks start, get their first tile, finish their keys and exit
+// (globaltimer, ns from the first block's start), every block's times written to $PROBE_TRACE_CSV
+// where that is set.
 //
 //   probe_decode BATCH SEQLEN [SPLITS (0: the heuristic's)] [fp16|bf16] [64|128|256]
 #include <cuda_runtime.h>
@@ -111,8 +112,8 @@ int main(int argc, char** argv) {
 #ifndef PROBE_TRACE
   const double bytes = 2.0 * double(cache_elems) * 2.0;
   const double us = percentile(times, 0.5);
-  std::printf("B=%d S=%d D=%d splits=%d %s: %.2f us (p10 %.2f, p90 %.2f), %.0f GB/s\n", batch, seqlen, d, splits,
-              fp16 ? "fp16" : "bf16", us, percentile(times, 0.1), percentile(times, 0.9), bytes / us / 1e3);
+  std::printf("B=%d S=%d D=%d splits=%d %s: %.2f us (p10 %.2f, p90 %.2f), %.0f GB/s\n", batch, seqlen, d,
+              splits, fp16 ? "fp16" : "bf16", us, percentile(times, 0.1), percentile(times, 0.9), bytes / us / 1e3);
 
 #else
   // One traced launch: per block (start, first tile in, keys done, exit, smid).

@@ -2,10 +2,10 @@
 # The decode probe (a debugging tool, not part of the build or the tests): builds probe_decode.cu
 # against a copy of flash_decode.cu, and again against a traced copy (decode_trace.py), for this
 # tree and for each patch of PROBE_PATCHES (applied to the copy; a missing patch stops the script,
-# one that does not apply or changes nothing is left out with a message), then runs every shape of PROBE_SHAPES ("B S [splits]
-# [fp16|bf16] [head dim]", ';'-separated) for every variant in turn, PROBE_ROUNDS (2) times: the plain build's
-# median time, then the traced build's block times (every block's in PROBE_TRACE_DIR/*.csv where
-# that is set). Needs no torch (seconds to build).
+# one that does not apply or changes nothing is left out with a message), then runs every shape of
+# PROBE_SHAPES ("B S [splits] [fp16|bf16] [head dim]", ';'-separated) for every variant in turn,
+# PROBE_ROUNDS (2) times: the plain build's median time, then the traced build's block times (every
+# block's in PROBE_TRACE_DIR/*.csv where that is set). Needs no torch (seconds to build).
 #   PROBE_PATCHES="/tmp/early.patch" PROBE_SHAPES="32 4096;128 2048" bash benchmarks/experiments/probe_decode.sh
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
