@@ -12,7 +12,8 @@
 //   flat  a grid-stride loop of 16-byte loads over each tensor, 4 blocks of 256 threads an SM (a
 //         plain read with no pipeline; below head on an H100).
 // Every call is timed after a 256 MB memset (as triton's do_bench flushes L2), median of 41 calls.
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a probe_read_layout.cu -o probe_read_layout
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/kernels/common \
+//     benchmarks/experiments/probe_read_layout.cu -o probe_read_layout
 //   ./probe_read_layout 32 4096 64 8192 128 2048
 #include <cuda_runtime.h>
 
@@ -21,18 +22,13 @@
 #include <cstdlib>
 #include <vector>
 
+#include "ptx.cuh"
+
 namespace {
 
 constexpr int kThreads = 128, kStages = 3, kTile = 16384, kRowBytes = 256, kHeads = 8;
 
-__device__ __forceinline__ void cp16(unsigned dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+namespace ptx = flashext::ptx;
 
 // kMode 0: the head pattern, grid (1, heads, batch); 1: the row pattern, grid (1, 8, batch); 2: the
 // head pattern, grid (batch, heads): a batch's heads launched batch apart instead of together.
@@ -40,12 +36,12 @@ __device__ __forceinline__ void wait_group() {
 template <int kMode>
 __global__ void __launch_bounds__(kThreads) read_pipelined(const char* k, const char* v, int seqlen, int* sink) {
   extern __shared__ __align__(128) char smem[];
-  const unsigned base = unsigned(__cvta_generic_to_shared(smem));
+  const uint32_t base = ptx::smem_addr(smem);
   constexpr bool kRow = kMode == 1;
   const int b = kMode == 2 ? blockIdx.x : blockIdx.z, tid = threadIdx.x, tiles = seqlen / 64;
   const long long seq = (long long)b * seqlen * kHeads * kRowBytes;
   const auto issue = [&](int tile) {
-    const unsigned kd = base + (tile % kStages) * 2 * kTile, vd = kd + kTile;
+    const uint32_t kd = base + (tile % kStages) * 2 * kTile, vd = kd + kTile;
     for (int i = 0; i < 8; ++i) {
       long long off;
       unsigned d;
@@ -58,23 +54,23 @@ __global__ void __launch_bounds__(kThreads) read_pipelined(const char* k, const 
         off = seq + ((long long)t * kHeads + blockIdx.y) * kRowBytes + (tid % 16) * 16;
         d = r * kRowBytes + (tid % 16) * 16;
       }
-      cp16(kd + d, k + off);
-      cp16(vd + d, v + off);
+      ptx::cp_async_16(kd + d, k + off, 16);
+      ptx::cp_async_16(vd + d, v + off, 16);
     }
   };
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < tiles) issue(s);
-    commit();
+    ptx::cp_async_commit();
   }
   int acc = 0;
   for (int it = 0; it < tiles; ++it) {
-    wait_group<kStages - 2>();
+    ptx::cp_async_wait<kStages - 2>();
     __syncthreads();
     if (it + kStages - 1 < tiles) issue(it + kStages - 1);
-    commit();
+    ptx::cp_async_commit();
     acc += reinterpret_cast<const int*>(smem + (it % kStages) * 2 * kTile)[tid];
   }
-  wait_group<0>();
+  ptx::cp_async_wait<0>();
   if (acc == 0x7fffffff) *sink = acc;  // keeps the loads live
 }
 
