@@ -9,6 +9,11 @@
 //         contiguous 16 KiB run);
 //   headb as head, the grid (batch, heads): a token row's 8 blocks launched a batch apart;
 //   ldg   as head, through 16-byte ld.global.nc into registers instead of cp.async;
+//   regN  as head, each warp on its own 16-token chunks (tokens 64 t + 16 w + [0, 16)) with no
+//         block barrier, 16-byte ld.global.nc into a ring of N chunks of registers (64 a chunk),
+//         each thread's bytes those of a register-fed decode kernel's MMA operands: K rows
+//         lane / 4 + {0, 8}, 64 bytes apart a lane; V rows 2 (lane % 4) + {0, 1, 8, 9}, 32 bytes
+//         (lane / 4);
 //   flat  a grid-stride loop of 16-byte loads over each tensor, 4 blocks of 256 threads an SM (a
 //         plain read with no pipeline; below head on an H100).
 // Every call is timed after a 256 MB memset (as triton's do_bench flushes L2), median of 41 calls.
@@ -95,6 +100,54 @@ __global__ void __launch_bounds__(kThreads) read_ldg(const char* k, const char* 
   if (acc == 0x7fffffff) *sink = acc;
 }
 
+__device__ __forceinline__ int4 ldg16(const char* p) {
+  int4 x;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+               : "l"(p));
+  return x;
+}
+
+template <int kNB>
+__global__ void __launch_bounds__(kThreads) read_reg(const char* k, const char* v, int seqlen, int* sink) {
+  constexpr int kTokenBytes = kHeads * kRowBytes;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = seqlen / 64;
+  const long long seq = (long long)blockIdx.z * seqlen * kTokenBytes + blockIdx.y * kRowBytes;
+  const char* kb = k + seq + (long long)warp * 16 * kTokenBytes;
+  const char* vb = v + seq + (long long)warp * 16 * kTokenBytes;
+  int koff[8], voff[8];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    koff[q] = (lane / 4 + 8 * (q / 4)) * kTokenBytes + 64 * (q % 4) + 16 * (lane % 4);
+    const int r = q / 2;
+    voff[q] = (2 * (lane % 4) + (r & 1) + 8 * (r >> 1)) * kTokenBytes + 32 * (lane / 4) + 16 * (q % 2);
+  }
+  int4 buf[kNB][16];
+  const auto load = [&](int4* dst, int t) {
+    const long long c = (long long)t * 64 * kTokenBytes;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) dst[q] = ldg16(kb + c + koff[q]);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) dst[8 + q] = ldg16(vb + c + voff[q]);
+  };
+#pragma unroll
+  for (int s = 0; s < kNB - 1; ++s)
+    if (s < n) load(buf[s], s);
+  int acc = 0;
+  for (int t0 = 0; t0 < n; t0 += kNB) {
+#pragma unroll
+    for (int s = 0; s < kNB; ++s) {
+      const int t = t0 + s;
+      if (t < n) {
+        if (t + kNB - 1 < n) load(buf[(s + kNB - 1) % kNB], t + kNB - 1);
+#pragma unroll
+        for (int q = 0; q < 16; ++q) acc ^= buf[s][q].x ^ buf[s][q].y ^ buf[s][q].z ^ buf[s][q].w;
+      }
+    }
+  }
+  if (acc == 0x7fffffff) *sink = acc;
+}
+
 __global__ void read_flat(const int4* k, const int4* v, long long n, int* sink) {
   int acc = 0;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
@@ -173,14 +226,16 @@ int main(int argc, char** argv) {
     const float headb = time_ms(
         [&] { read_pipelined<2><<<dim3(batch, kHeads), kThreads, smem>>>(k, v, seqlen, sink); }, flush, flush_bytes);
     const float ldg = time_ms([&] { read_ldg<<<grid, kThreads>>>(k, v, seqlen, sink); }, flush, flush_bytes);
+    const float reg2 = time_ms([&] { read_reg<2><<<grid, kThreads>>>(k, v, seqlen, sink); }, flush, flush_bytes);
+    const float reg3 = time_ms([&] { read_reg<3><<<grid, kThreads>>>(k, v, seqlen, sink); }, flush, flush_bytes);
     const float flat = time_ms(
         [&] {
           read_flat<<<4 * sms, 256>>>(reinterpret_cast<const int4*>(k), reinterpret_cast<const int4*>(v), bytes / 16, sink);
         },
         flush, flush_bytes);
     const auto gbs = [&](float ms) { return 2.0 * bytes / (ms * 1e6); };
-    std::printf("%4d x %6d  GB/s: head %.0f  row %.0f (%.3fx head)  headb %.0f (%.3fx)  ldg %.0f (%.3fx)  flat %.0f (%.3fx)\n",
-                batch, seqlen, gbs(head), gbs(row), head / row, gbs(headb), head / headb, gbs(ldg), head / ldg, gbs(flat),
+    std::printf("%4d x %6d  GB/s: head %.0f  row %.0f (%.3fx head)  headb %.0f (%.3fx)  ldg %.0f (%.3fx)  reg2 %.0f (%.3fx)  reg3 %.0f (%.3fx)  flat %.0f (%.3fx)\n",
+                batch, seqlen, gbs(head), gbs(row), head / row, gbs(headb), head / headb, gbs(ldg), head / ldg, gbs(reg2), head / reg2, gbs(reg3), head / reg3, gbs(flat),
                 head / flat);
     CHECK(cudaFree(k));
     CHECK(cudaFree(v));
