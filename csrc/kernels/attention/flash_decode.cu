@@ -165,15 +165,14 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
     return int64_t(min(max(id, 0), p.num_pages - 1)) * page_stride;
   };
   // One tile of K or V (base: this thread's column of the head; rows past n_hi zero-filled, their
-  // copies pointed at the cache's start). `general` (std::true_type or std::false_type): whether
-  // the caller may have pages smaller than a tile; the common case's tile loop (below) has none.
+  // copies pointed at the cache's start).
   const auto copy_tile = [&](uint32_t dst0, int n, const T* base, int64_t page_stride, int64_t row_stride,
-                             int64_t step, const T* cache, auto general) {
+                             int64_t step, const T* cache) {
     const auto dst = [&](int i) {
       return (dst0 ^ uint32_t(((i * kCopyStep) & 7) << 4)) + uint32_t(2 * i * kCopyStep * kHeadDim);
     };
     const auto valid = [&](int i) { return chunk_valid && n + copy_row0 + i * kCopyStep < n_hi; };
-    if (!decltype(general)::value || whole_pages) {
+    if (whole_pages) {
       const T* src = base + (paged ? page_offset(page[0], page_stride) + int64_t(page_row[0] + copy_row0) * row_stride
                                    : int64_t(n + copy_row0) * row_stride);
       if (chunk_valid && n + kBlockN <= n_hi) {  // every row in range (all but a split's last tile)
@@ -191,11 +190,11 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
       }
     }
   };
-  const auto load_kv = [&](int buffer, int n, auto general) {
+  const auto load_kv = [&](int buffer, int n) {
     copy_tile(ptx::smem_addr(smem_k + buffer * Config::kTileKV) + copy_dst0, n, k_thread, p.k_page_stride,
-              p.k_row_stride, k_step, k, general);
+              p.k_row_stride, k_step, k);
     copy_tile(ptx::smem_addr(smem_v + buffer * Config::kTileKV) + copy_dst0, n, v_thread, p.v_page_stride,
-              p.v_row_stride, v_step, v, general);
+              p.v_row_stride, v_step, v);
   };
 
   const bool softcap_on = p.softcap > 0.0f;
@@ -212,7 +211,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < blocks) {
         fetch_pages(n_first + s * kBlockN);
-        load_kv(s, n_first + s * kBlockN, std::true_type{});
+        load_kv(s, n_first + s * kBlockN);
       }
       ptx::cp_async_commit();
     }
@@ -272,8 +271,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
   for (int r = 0; r < 2; ++r) row_query[r] = divs.group.div(row0 + 16 * row_warp + group_id + 8 * r);
 
   // One tile's math for this warp's rows over kSlabs 16-key slabs from slab0: S = Q Kᵀ, mask,
-  // online softmax, O += P V (softcap only where `general`).
-  const auto tile_math = [&](auto slabs, int buffer, int n_start, bool masked, auto general) {
+  // online softmax, O += P V.
+  const auto tile_math = [&](auto slabs, int buffer, int n_start, bool masked) {
     constexpr int kSlabs = decltype(slabs)::value, kTiles = 2 * kSlabs;
     const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
     const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
@@ -294,7 +293,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
         ptx::mma_16816<T>(s[2 * jp + 1], q_frag, k_frag[2], k_frag[3]);
       }
     }
-    if (decltype(general)::value && softcap_on) {
+    if (softcap_on) {
 #pragma unroll
       for (int j = 0; j < kTiles; ++j)
 #pragma unroll
@@ -366,31 +365,20 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
     }
   };
 
-  // The tile loop, in two copies: the common case (key sharing, whole-tile rows, no softcap) with
-  // only its own code, and every other case. One loop over every case spans 38 KB of code at
-  // D = 128 (the row path, the per-row page copies and softcap inside it), through which the
-  // decode path's instructions jump; the common case's own copy is 9 KB.
-  const auto tile_loop = [&](auto general) {
-    for (int it = 0; it < num_n_blocks; ++it) {
-      const int n_start = n_lo + it * kBlockN, buffer = it % kStages, ahead = it + kStages - 1;
-      ptx::cp_async_wait<kStages - 2>();
-      __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next
-      if (ahead < num_n_blocks) load_kv(ahead % kStages, n_lo + ahead * kBlockN, general);
-      ptx::cp_async_commit();
-      if (ahead + 1 < num_n_blocks) fetch_pages(n_lo + (ahead + 1) * kBlockN);
-      if (!warp_busy) continue;  // (a warp-uniform branch; the loop's barrier stays at its top)
-      const bool masked = n_start < mask_free_lo || n_start + kBlockN > mask_free_hi;
-      if (!decltype(general)::value || share_keys) {
-        tile_math(std::integral_constant<int, 1>{}, buffer, n_start, masked, general);
-      } else {
-        tile_math(std::integral_constant<int, kKeySlabs>{}, buffer, n_start, masked, general);
-      }
+  for (int it = 0; it < num_n_blocks; ++it) {
+    const int n_start = n_lo + it * kBlockN, buffer = it % kStages, ahead = it + kStages - 1;
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next
+    if (ahead < num_n_blocks) load_kv(ahead % kStages, n_lo + ahead * kBlockN);
+    ptx::cp_async_commit();
+    if (ahead + 1 < num_n_blocks) fetch_pages(n_lo + (ahead + 1) * kBlockN);
+    if (!warp_busy) continue;  // (a warp-uniform branch; the loop's barrier stays at its top)
+    const bool masked = n_start < mask_free_lo || n_start + kBlockN > mask_free_hi;
+    if (share_keys) {
+      tile_math(std::integral_constant<int, 1>{}, buffer, n_start, masked);
+    } else {
+      tile_math(std::integral_constant<int, kKeySlabs>{}, buffer, n_start, masked);
     }
-  };
-  if (share_keys && whole_pages && !softcap_on) {
-    tile_loop(std::false_type{});
-  } else {
-    tile_loop(std::true_type{});
   }
   ptx::cp_async_wait<0>();  // nothing in flight at exit
 
