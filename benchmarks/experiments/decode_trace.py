@@ -2,8 +2,8 @@
 tool): thread 0 of each block stores globaltimer at its start, when its first tile is in, when its
 keys are done and at its exit, and its SM id, to g_decode_trace[block * 5 + i] where that pointer is
 set. Marks are inserted at text found exactly once (an anchor of part of one line, no newline in
-it: the one line that starts with it), so a patched kernel (an A/B variant) keeps them as long as
-those lines stay.
+it: the one line that starts with it, whatever its indentation), so a patched kernel (an A/B
+variant) keeps them as long as those lines stay.
 
     python benchmarks/experiments/decode_trace.py SRC DST
 """
@@ -45,7 +45,7 @@ def main(src, dst):
     text = open(src).read()
     for anchor, where, code in MARKS:
         if "\n" not in anchor:  # one line's start: the whole line that starts with it
-            lines = [line for line in text.splitlines(keepends=True) if line.startswith(anchor)]
+            lines = [line for line in text.splitlines(keepends=True) if line.lstrip().startswith(anchor.lstrip())]
             anchor = lines[0] if len(lines) == 1 else anchor + "\n"
         if text.count(anchor) != 1:
             sys.exit(f"decode_trace.py: the line {anchor.strip()[:60]!r} is not in {src} exactly once")
