@@ -5,7 +5,8 @@
 # one that does not apply or changes nothing is left out with a message), then runs every shape of
 # PROBE_SHAPES ("B S [splits] [fp16|bf16] [head dim]", ';'-separated) for every variant in turn,
 # PROBE_ROUNDS (2) times: the plain build's median time, then the traced build's block times (every
-# block's in PROBE_TRACE_DIR/*.csv where that is set). Needs no torch (seconds to build).
+# block's in PROBE_TRACE_DIR/*.csv where that is set); last, per shape, each variant's median
+# time over the rounds and its ratio to the tree's. Needs no torch (seconds to build).
 #   PROBE_PATCHES="/tmp/early.patch" PROBE_SHAPES="32 4096;128 2048" bash benchmarks/experiments/probe_decode.sh
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
@@ -41,6 +42,7 @@ done
 wait
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 IFS=';' read -ra shapes <<<"${PROBE_SHAPES:-32 4096;128 2048;1 32768}"
+log=$(mktemp)
 for round in $(seq "${PROBE_ROUNDS:-2}"); do
   for shape in "${shapes[@]}"; do
     for name in "${names[@]}"; do
@@ -51,4 +53,18 @@ for round in $(seq "${PROBE_ROUNDS:-2}"); do
         timeout 60 /tmp/probe_decode_$name/probe_trace $shape
     done
   done
-done
+done | tee "$log"
+# Last, per shape: each variant's median over the rounds of the plain build's time, and its ratio
+# to the tree's (base) median (below 1: faster).
+echo "== summary: median us over the rounds (ratio to base)"
+awk '/^== /{name=$2} /^B=/{shape=$1" "$2" "$3" "$4" "$5; sub(/:$/, "", shape); t=$0; sub(/.*: /, "", t); sub(/ us.*/, "", t)
+       key=shape SUBSEP name; n[key]++; v[key, n[key]]=t; if (!(shape in seen)) {seen[shape]; order[++ns]=shape}
+       if (!(name in named)) {named[name]; names[++nn]=name}}
+     function median(key,   i, j, m, a, tmp) {m=n[key]; for (i=1; i<=m; i++) a[i]=v[key, i]
+       for (i=1; i<=m; i++) for (j=i+1; j<=m; j++) if (a[j]+0 < a[i]+0) {tmp=a[i]; a[i]=a[j]; a[j]=tmp}
+       return m % 2 ? a[(m+1)/2] : (a[m/2]+a[m/2+1])/2}
+     END {for (s=1; s<=ns; s++) {line=sprintf("%-38s", order[s]); b=order[s] SUBSEP "base"; mb=(b in n) ? median(b) : 0
+       for (k=1; k<=nn; k++) {key=order[s] SUBSEP names[k]; if (!(key in n)) continue; m=median(key)
+         line=line sprintf("  %s %.2f", names[k], m) (mb > 0 && names[k] != "base" ? sprintf(" (%.4f)", m/mb) : "")}
+       print line}}' "$log"
+rm -f "$log"
