@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # One device call for decode kernel variants (a debugging tool, not part of the build or the tests):
 # the decode probe times the tree against each patch of VARIANTS (default: the tile-loop copies),
-# PROBE_ROUNDS (3) rounds over the bar's shapes; the variant whose ratios to the tree multiply to
-# the least, if below 1, is applied to this tree (patch -p1, left applied); then scripts/gpu.sh
-# runs setup, the decode tests and BENCH_RUNS (3) `bench_decode --only decode` runs of what the
-# tree now is. Everything goes under $OUT/r, packed into $OUT/all.tgz at the end; the probe's
-# summary, the variant chosen and gpu.sh's summary are printed. STEPS replaces gpu.sh's steps.
-# The results name the commit as FLASHEXT_GIT_COMMIT (the device's copy has no git: pass it) plus
-# the variant applied, e.g. "40ec907+decode_tile_loop_dptr".
-#   FLASHEXT_GIT_COMMIT=40ec907 bash benchmarks/experiments/decode_variants_call.sh   (about 540 s)
+# PROBE_ROUNDS (3) rounds over the bar's shapes, dense and paged (no traced builds); the variant
+# whose ratios to the tree multiply to the least, if below 1, is applied to this tree (patch -p1,
+# left applied); then scripts/gpu.sh runs setup, the decode tests and BENCH_RUNS (3) `bench_decode
+# --only decode` runs of what the tree now is. Everything goes under $OUT/r, packed into
+# $OUT/all.tgz at the end; the probe's summary, the variant chosen and gpu.sh's summary are
+# printed. STEPS replaces gpu.sh's steps. The results name the commit as FLASHEXT_GIT_COMMIT (the
+# device's copy has no git: pass it) plus the variant applied, e.g. "40ec907+decode_tile_loop_dptr".
+#   FLASHEXT_GIT_COMMIT=40ec907 bash benchmarks/experiments/decode_variants_call.sh   (about 500 s)
 set -o pipefail
 cd "$(dirname "$0")/../.."
 E=$PWD/benchmarks/experiments
 OUT=${OUT:-$PWD/gpu_out}
 R=$OUT/r
 mkdir -p "$R"
-variants=${VARIANTS:-"$E/decode_tile_loop_split.patch $E/decode_tile_loop_dense.patch $E/decode_tile_loop_dptr.patch"}
+variants=${VARIANTS:-"$E/decode_tile_loop_split.patch $E/decode_tile_loop_dense.patch $E/decode_tile_loop_dptr.patch
+  $E/decode_tile_loop_keysptr.patch"}
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-PROBE_PATCHES="$variants" PROBE_ROUNDS=${PROBE_ROUNDS:-3} \
-  PROBE_SHAPES=${PROBE_SHAPES:-"32 4096;64 8192;128 2048;1 32768;8 131072;32 4096 0 fp16"} \
+PROBE_PATCHES="$variants" PROBE_ROUNDS=${PROBE_ROUNDS:-3} PROBE_TRACED=${PROBE_TRACED:-0} \
+  PROBE_SHAPES=${PROBE_SHAPES:-"32 4096;64 8192;128 2048;1 32768;8 131072;32 4096 0 fp16;1 32768 0 bf16 128 16;32 4096 0 bf16 128 16;32 4096 0 bf16 128 64"} \
   timeout "${PROBE_TIMEOUT:-240}" bash "$E/probe_decode.sh" >"$R/probe.log" 2>&1
 echo "probe: $SECONDS s"
 sed -n '/^== summary/,$p' "$R/probe.log"

@@ -6,9 +6,10 @@
 // writes; the marks change the kernel's code, so that build is not timed), it prints, from one
 // traced launch, when the blocks start, get their first tile, finish their keys and exit
 // (globaltimer, ns from the first block's start), every block's times written to $PROBE_TRACE_CSV
-// where that is set.
+// where that is set. A sixth argument above 0 pages the caches: pages of that many tokens, the
+// table a shuffled permutation of them (as bench_decode's paged section).
 //
-//   probe_decode BATCH SEQLEN [SPLITS (0: the heuristic's)] [fp16|bf16] [64|128|256]
+//   probe_decode BATCH SEQLEN [SPLITS (0: the heuristic's)] [fp16|bf16] [64|128|256] [PAGE_SIZE]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,6 +18,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
 #include <vector>
 
 #ifdef PROBE_TRACE
@@ -44,7 +48,7 @@ double percentile(std::vector<double> v, double q) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s BATCH SEQLEN [SPLITS] [fp16|bf16] [HEAD_DIM]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s BATCH SEQLEN [SPLITS] [fp16|bf16] [HEAD_DIM] [PAGE_SIZE]\n", argv[0]);
     return 1;
   }
   using namespace flashext;
@@ -52,22 +56,25 @@ int main(int argc, char** argv) {
   const int heads = 32, heads_kv = 8, d = argc > 5 ? atoi(argv[5]) : 128;
   int sm_count = 0;
   check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "sm count");
+  const int page_size = argc > 6 ? std::max(atoi(argv[6]), 0) : 0;
+  const int pages_per_seq = page_size > 0 ? (seqlen + page_size - 1) / page_size : 0;
   int splits = argc > 3 ? atoi(argv[3]) : 0;
-  if (splits <= 0) splits = flash_decode_num_splits(batch, heads, heads_kv, 1, seqlen, d, sm_count);
+  if (splits <= 0) splits = flash_decode_num_splits(batch, heads, heads_kv, 1, seqlen, d, sm_count, page_size > 0);
   const bool fp16 = argc > 4 && std::strcmp(argv[4], "fp16") == 0;
 
   const size_t cache_elems = size_t(batch) * seqlen * heads_kv * d, q_elems = size_t(batch) * heads * d;
+  const size_t alloc_elems = page_size > 0 ? size_t(batch) * pages_per_seq * page_size * heads_kv * d : cache_elems;
   void *k, *v, *q, *o, *flush, *workspace = nullptr;
   int32_t* lens;
-  check(cudaMalloc(&k, cache_elems * 2), "k");
-  check(cudaMalloc(&v, cache_elems * 2), "v");
+  check(cudaMalloc(&k, alloc_elems * 2), "k");
+  check(cudaMalloc(&v, alloc_elems * 2), "v");
   check(cudaMalloc(&q, q_elems * 2), "q");
   check(cudaMalloc(&o, q_elems * 2), "o");
   check(cudaMalloc(&lens, batch * 4), "lens");
   const size_t flush_bytes = size_t(256) << 20;
   check(cudaMalloc(&flush, flush_bytes), "flush");
-  check(cudaMemset(k, 0x3c, cache_elems * 2), "k");  // (every element 0x3c3c: fast at any size)
-  check(cudaMemset(v, 0x3b, cache_elems * 2), "v");
+  check(cudaMemset(k, 0x3c, alloc_elems * 2), "k");  // (every element 0x3c3c: fast at any size)
+  check(cudaMemset(v, 0x3b, alloc_elems * 2), "v");
   probe::fill_random_bf16({q}, q_elems);  // (as fp16 too: finite values of moderate size)
   std::vector<int32_t> host_lens(batch, seqlen);
   check(cudaMemcpy(lens, host_lens.data(), batch * 4, cudaMemcpyHostToDevice), "lens");
@@ -82,7 +89,20 @@ int main(int argc, char** argv) {
   p.k_row_stride = p.v_row_stride = int64_t(heads_kv) * d;
   p.k_head_stride = p.v_head_stride = d;
   p.cache_seqlens = lens;
-  p.capacity = seqlen;
+  int32_t* table = nullptr;
+  if (page_size > 0) {
+    std::vector<int32_t> host_table(size_t(batch) * pages_per_seq);
+    std::iota(host_table.begin(), host_table.end(), 0);
+    std::shuffle(host_table.begin(), host_table.end(), std::mt19937(0));
+    check(cudaMalloc(&table, host_table.size() * 4), "table");
+    check(cudaMemcpy(table, host_table.data(), host_table.size() * 4, cudaMemcpyHostToDevice), "table");
+    p.block_table = table;
+    p.block_table_stride = pages_per_seq;
+    p.num_pages = int(host_table.size());
+    p.page_size = page_size;
+    p.k_page_stride = p.v_page_stride = int64_t(page_size) * heads_kv * d;
+  }
+  p.capacity = page_size > 0 ? pages_per_seq * page_size : seqlen;
   p.batch = batch, p.heads = heads, p.heads_kv = heads_kv, p.head_dim = d, p.seqlen_q = 1;
   p.softmax_scale = 1.0f / std::sqrt(float(d));
   p.num_splits = splits;
@@ -112,8 +132,9 @@ int main(int argc, char** argv) {
 #ifndef PROBE_TRACE
   const double bytes = 2.0 * double(cache_elems) * 2.0;
   const double us = percentile(times, 0.5);
+  const std::string kind = std::string(fp16 ? "fp16" : "bf16") + (page_size > 0 ? "/page" + std::to_string(page_size) : "");
   std::printf("B=%d S=%d D=%d splits=%d %s: %.2f us (p10 %.2f, p90 %.2f), %.0f GB/s\n", batch, seqlen, d,
-              splits, fp16 ? "fp16" : "bf16", us, percentile(times, 0.1), percentile(times, 0.9), bytes / us / 1e3);
+              splits, kind.c_str(), us, percentile(times, 0.1), percentile(times, 0.9), bytes / us / 1e3);
 
 #else
   // One traced launch: per block (start, first tile in, keys done, exit, smid).

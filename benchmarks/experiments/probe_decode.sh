@@ -3,14 +3,16 @@
 # against a copy of flash_decode.cu, and again against a traced copy (decode_trace.py), for this
 # tree and for each patch of PROBE_PATCHES (applied to the copy; a missing patch stops the script,
 # one that does not apply or changes nothing is left out with a message), then runs every shape of
-# PROBE_SHAPES ("B S [splits] [fp16|bf16] [head dim]", ';'-separated) for every variant in turn,
-# PROBE_ROUNDS (2) times: the plain build's median time, then the traced build's block times (every
-# block's in PROBE_TRACE_DIR/*.csv where that is set); last, per shape, each variant's median
-# time over the rounds and its ratio to the tree's. Needs no torch (seconds to build).
+# PROBE_SHAPES ("B S [splits] [fp16|bf16] [head dim] [page size]", ';'-separated) for every
+# variant in turn, PROBE_ROUNDS (2) times: the plain build's median time, then the traced build's
+# block times (every block's in PROBE_TRACE_DIR/*.csv where that is set; PROBE_TRACED=0 leaves the
+# traced builds out); last, per shape, each variant's median time over the rounds and its ratio to
+# the tree's. Needs no torch (seconds to build).
 #   PROBE_PATCHES="/tmp/early.patch" PROBE_SHAPES="32 4096;128 2048" bash benchmarks/experiments/probe_decode.sh
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
 ROOT=$PWD
+traced=${PROBE_TRACED:-1}
 build() {  # build NAME [PATCH]
   local dir=/tmp/probe_decode_$1
   rm -rf "$dir" && mkdir -p "$dir" && cp csrc/kernels/attention/flash_decode.cu "$dir/flash_decode.cu"
@@ -19,14 +21,16 @@ build() {  # build NAME [PATCH]
       { echo "$1: the patch does not apply"; return 1; }
     cmp -s "$dir/flash_decode.cu" csrc/kernels/attention/flash_decode.cu && { echo "$1: the patch changed nothing"; return 1; }
   fi
-  python3 benchmarks/experiments/decode_trace.py "$dir/flash_decode.cu" "$dir/flash_decode_traced.cu" || return 1
   local flags=(-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$dir" -Icsrc/kernels/attention -Icsrc/include -Icsrc)
   nvcc "${flags[@]}" benchmarks/experiments/probe_decode.cu csrc/kernels/common/device.cpp -o "$dir/probe" 2>&1 |
     grep -v Warning &
-  nvcc "${flags[@]}" -DPROBE_TRACE benchmarks/experiments/probe_decode.cu csrc/kernels/common/device.cpp \
-    -o "$dir/probe_trace" 2>&1 | grep -v Warning
+  if [ "$traced" = 1 ]; then
+    python3 benchmarks/experiments/decode_trace.py "$dir/flash_decode.cu" "$dir/flash_decode_traced.cu" || return 1
+    nvcc "${flags[@]}" -DPROBE_TRACE benchmarks/experiments/probe_decode.cu csrc/kernels/common/device.cpp \
+      -o "$dir/probe_trace" 2>&1 | grep -v Warning
+  fi
   wait
-  [ -x "$dir/probe" ] && [ -x "$dir/probe_trace" ] || { echo "$1: the build failed"; return 1; }
+  [ -x "$dir/probe" ] && { [ "$traced" = 0 ] || [ -x "$dir/probe_trace" ]; } || { echo "$1: the build failed"; return 1; }
 }
 [ -n "${PROBE_TRACE_DIR:-}" ] && mkdir -p "$PROBE_TRACE_DIR"
 for patch in ${PROBE_PATCHES:-}; do
@@ -49,6 +53,7 @@ for round in $(seq "${PROBE_ROUNDS:-2}"); do
       [ -x /tmp/probe_decode_$name/probe ] || continue
       echo "== $name round $round"
       timeout 60 /tmp/probe_decode_$name/probe $shape
+      [ "$traced" = 1 ] || continue
       PROBE_TRACE_CSV=${PROBE_TRACE_DIR:+$PROBE_TRACE_DIR/${name}_${shape// /_}_r$round.csv} \
         timeout 60 /tmp/probe_decode_$name/probe_trace $shape
     done
