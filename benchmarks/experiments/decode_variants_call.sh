@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
 # One device call for decode kernel variants (a debugging tool, not part of the build or the tests):
-# the decode probe times the tree against each patch of VARIANTS (default: the tile-loop copies),
+# the decode probe times the tree against each patch of VARIANTS (paths, space-separated; required),
 # PROBE_ROUNDS (3) rounds over the bar's shapes, dense and paged (no traced builds); the variant
 # whose ratios to the tree multiply to the least, if below 1, is applied to this tree (patch -p1,
 # left applied); then scripts/gpu.sh runs setup, the decode tests and BENCH_RUNS (3) `bench_decode
 # --only decode` runs of what the tree now is. Everything goes under $OUT/r, packed into
 # $OUT/all.tgz at the end; the probe's summary, the variant chosen and gpu.sh's summary are
 # printed. STEPS replaces gpu.sh's steps. The results name the commit as FLASHEXT_GIT_COMMIT (the
-# device's copy has no git: pass it) plus the variant applied, e.g. "40ec907+decode_tile_loop_dptr".
-#   FLASHEXT_GIT_COMMIT=40ec907 bash benchmarks/experiments/decode_variants_call.sh   (about 500 s)
+# device's copy has no git: pass it) plus the variant applied, e.g. "40ec907+decode_tile_loop_keysptr".
+#   VARIANTS="$PWD/a.patch $PWD/b.patch" FLASHEXT_GIT_COMMIT=40ec907 bash benchmarks/experiments/decode_variants_call.sh   (about 500 s)
 set -o pipefail
 cd "$(dirname "$0")/../.."
 E=$PWD/benchmarks/experiments
 OUT=${OUT:-$PWD/gpu_out}
 R=$OUT/r
 mkdir -p "$R"
-variants=${VARIANTS:-"$E/decode_tile_loop_split.patch $E/decode_tile_loop_dense.patch $E/decode_tile_loop_dptr.patch
-  $E/decode_tile_loop_keysptr.patch"}
+variants=${VARIANTS:?"set VARIANTS to the patches to time"}
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 PROBE_PATCHES="$variants" PROBE_ROUNDS=${PROBE_ROUNDS:-3} PROBE_TRACED=${PROBE_TRACED:-0} \
   PROBE_SHAPES=${PROBE_SHAPES:-"32 4096;64 8192;128 2048;1 32768;8 131072;32 4096 0 fp16;1 32768 0 bf16 128 16;32 4096 0 bf16 128 16;32 4096 0 bf16 128 64"} \
@@ -27,7 +26,9 @@ winner=$(sed -n '/^== summary/,$p' "$R/probe.log" | awk '/^B=/ {
     for (i = 1; i <= NF; i++) if ($i ~ /^\(/) s[$(i - 2)] += log(substr($i, 2) + 0) }
   END { m = 0; for (k in s) if (s[k] < m) { m = s[k]; b = k }; print b }')
 export FLASHEXT_GIT_COMMIT=${FLASHEXT_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-if [ -n "$winner" ] && patch -p1 -s <"$E/$winner.patch"; then
+winner_patch=
+for v in $variants; do [ "$(basename "$v" .patch)" = "$winner" ] && winner_patch=$v; done
+if [ -n "$winner_patch" ] && patch -p1 -s <"$winner_patch"; then
   echo "applied $winner"
   FLASHEXT_GIT_COMMIT+="+$winner"
 else

@@ -165,28 +165,34 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
     return int64_t(min(max(id, 0), p.num_pages - 1)) * page_stride;
   };
   // One tile of K or V (base: this thread's column of the head; rows past n_hi zero-filled, their
-  // copies pointed at the cache's start).
+  // copies pointed at the cache's start). copy_rows: a tile of consecutive cache rows, src this
+  // thread's first.
+  const auto dst = [&](uint32_t dst0, int i) {
+    return (dst0 ^ uint32_t(((i * kCopyStep) & 7) << 4)) + uint32_t(2 * i * kCopyStep * kHeadDim);
+  };
+  const auto valid = [&](int n, int i) { return chunk_valid && n + copy_row0 + i * kCopyStep < n_hi; };
+  const auto copy_rows = [&](uint32_t dst0, int n, const T* src, int64_t step, const T* cache) {
+    if (chunk_valid && n + kBlockN <= n_hi) {  // every row in range (all but a split's last tile)
+#pragma unroll
+      for (int i = 0; i < kCopyRows; ++i, src += step) ptx::cp_async_16(dst(dst0, i), src, 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kCopyRows; ++i, src += step)
+        ptx::cp_async_16(dst(dst0, i), valid(n, i) ? src : cache, valid(n, i) ? 16 : 0);
+    }
+  };
   const auto copy_tile = [&](uint32_t dst0, int n, const T* base, int64_t page_stride, int64_t row_stride,
                              int64_t step, const T* cache) {
-    const auto dst = [&](int i) {
-      return (dst0 ^ uint32_t(((i * kCopyStep) & 7) << 4)) + uint32_t(2 * i * kCopyStep * kHeadDim);
-    };
-    const auto valid = [&](int i) { return chunk_valid && n + copy_row0 + i * kCopyStep < n_hi; };
     if (whole_pages) {
-      const T* src = base + (paged ? page_offset(page[0], page_stride) + int64_t(page_row[0] + copy_row0) * row_stride
-                                   : int64_t(n + copy_row0) * row_stride);
-      if (chunk_valid && n + kBlockN <= n_hi) {  // every row in range (all but a split's last tile)
-#pragma unroll
-        for (int i = 0; i < kCopyRows; ++i, src += step) ptx::cp_async_16(dst(i), src, 16);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kCopyRows; ++i, src += step) ptx::cp_async_16(dst(i), valid(i) ? src : cache, valid(i) ? 16 : 0);
-      }
+      copy_rows(dst0, n,
+                base + (paged ? page_offset(page[0], page_stride) + int64_t(page_row[0] + copy_row0) * row_stride
+                              : int64_t(n + copy_row0) * row_stride),
+                step, cache);
     } else {
 #pragma unroll
       for (int i = 0; i < kCopyRows; ++i) {
         const T* src = base + page_offset(page[i], page_stride) + int64_t(page_row[i]) * row_stride;
-        ptx::cp_async_16(dst(i), valid(i) ? src : cache, valid(i) ? 16 : 0);
+        ptx::cp_async_16(dst(dst0, i), valid(n, i) ? src : cache, valid(n, i) ? 16 : 0);
       }
     }
   };
@@ -271,8 +277,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
   for (int r = 0; r < 2; ++r) row_query[r] = divs.group.div(row0 + 16 * row_warp + group_id + 8 * r);
 
   // One tile's math for this warp's rows over kSlabs 16-key slabs from slab0: S = Q Kᵀ, mask,
-  // online softmax, O += P V.
-  const auto tile_math = [&](auto slabs, int buffer, int n_start, bool masked) {
+  // online softmax, O += P V (softcap only where `general`).
+  const auto tile_math = [&](auto slabs, int buffer, int n_start, bool masked, auto general) {
     constexpr int kSlabs = decltype(slabs)::value, kTiles = 2 * kSlabs;
     const uint32_t k_base = k_base0 + buffer * (2 * Config::kTileKV);
     const uint32_t v_base = v_base0 + buffer * (2 * Config::kTileKV);
@@ -293,7 +299,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
         ptx::mma_16816<T>(s[2 * jp + 1], q_frag, k_frag[2], k_frag[3]);
       }
     }
-    if (softcap_on) {
+    if (decltype(general)::value && softcap_on) {
 #pragma unroll
       for (int j = 0; j < kTiles; ++j)
 #pragma unroll
@@ -365,20 +371,47 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
     }
   };
 
-  for (int it = 0; it < num_n_blocks; ++it) {
-    const int n_start = n_lo + it * kBlockN, buffer = it % kStages, ahead = it + kStages - 1;
-    ptx::cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next
-    if (ahead < num_n_blocks) load_kv(ahead % kStages, n_lo + ahead * kBlockN);
-    ptx::cp_async_commit();
-    if (ahead + 1 < num_n_blocks) fetch_pages(n_lo + (ahead + 1) * kBlockN);
-    if (!warp_busy) continue;  // (a warp-uniform branch; the loop's barrier stays at its top)
-    const bool masked = n_start < mask_free_lo || n_start + kBlockN > mask_free_hi;
-    if (share_keys) {
-      tile_math(std::integral_constant<int, 1>{}, buffer, n_start, masked);
-    } else {
-      tile_math(std::integral_constant<int, kKeySlabs>{}, buffer, n_start, masked);
+  // The tile loop, in two copies: the common case (key sharing, no softcap: decode) with only its
+  // own code, and every other case. One loop over every case spans 38 KB of code at D = 128 (the
+  // row path and softcap inside it), through which the decode path's instructions jump; the
+  // common case's own copy is 18 KB. Its dense copies step a pointer a tile at a time, where the
+  // paged ones compute each tile's rows from n and the table.
+  const auto tile_loop = [&](auto general) {
+    constexpr bool kGeneral = decltype(general)::value;
+    const int64_t k_tile = int64_t(kBlockN) * p.k_row_stride, v_tile = int64_t(kBlockN) * p.v_row_stride;
+    const int64_t row_ahead = int64_t(n_lo) + (kStages - 1) * kBlockN + copy_row0;  // (common case)
+    const T* k_src = k_thread + row_ahead * p.k_row_stride;
+    const T* v_src = v_thread + row_ahead * p.v_row_stride;
+    for (int it = 0; it < num_n_blocks; ++it) {
+      const int n_start = n_lo + it * kBlockN, buffer = it % kStages, ahead = it + kStages - 1;
+      ptx::cp_async_wait<kStages - 2>();
+      __syncthreads();  // tile `it` is in; every warp is done with tile it - 1's buffer, refilled next
+      if (ahead < num_n_blocks) {
+        if (kGeneral || paged) {
+          load_kv(ahead % kStages, n_lo + ahead * kBlockN);
+        } else {
+          const int b_ahead = ahead % kStages, n = n_lo + ahead * kBlockN;
+          copy_rows(ptx::smem_addr(smem_k + b_ahead * Config::kTileKV) + copy_dst0, n, k_src, k_step, k);
+          copy_rows(ptx::smem_addr(smem_v + b_ahead * Config::kTileKV) + copy_dst0, n, v_src, v_step, v);
+          k_src += k_tile;
+          v_src += v_tile;
+        }
+      }
+      ptx::cp_async_commit();
+      if (ahead + 1 < num_n_blocks) fetch_pages(n_lo + (ahead + 1) * kBlockN);
+      if (!warp_busy) continue;  // (a warp-uniform branch; the loop's barrier stays at its top)
+      const bool masked = n_start < mask_free_lo || n_start + kBlockN > mask_free_hi;
+      if (!kGeneral || share_keys) {
+        tile_math(std::integral_constant<int, 1>{}, buffer, n_start, masked, general);
+      } else {
+        tile_math(std::integral_constant<int, kKeySlabs>{}, buffer, n_start, masked, general);
+      }
     }
+  };
+  if (share_keys && !softcap_on) {
+    tile_loop(std::false_type{});
+  } else {
+    tile_loop(std::true_type{});
   }
   ptx::cp_async_wait<0>();  // nothing in flight at exit
 
