@@ -24,6 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.compare_ab import key  # noqa: E402  (what names a grid point)
 
 
+def commit_label(meta: dict) -> str:
+    """The commit a results file names, in backticks (a hash cut to 10 characters, a "hash+patch" kept
+    whole), and its commit_note in brackets where it has one."""
+    commit = meta["commit"] if "+" in meta["commit"] else meta["commit"][:10]
+    return f"`{commit}`" + (f" ({meta['commit_note']})" if meta.get("commit_note") else "")
+
+
 def table(columns: list[str], lines) -> None:
     """A markdown table: the header row, its rule, then one row per list of cells in `lines`."""
     print("| " + " | ".join(columns) + " |")
@@ -35,7 +42,7 @@ def table(columns: list[str], lines) -> None:
 def attention_tables(payload, summary: bool = False) -> None:
     meta, rows = payload["meta"], payload["rows"]
     fwd = [r for r in rows if r["section"] == "fwd" and "ms" in r.get("flashext", {})]  # (an A/B may time others only)
-    print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit `{meta['commit'][:10]}`, "
+    print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit {commit_label(meta)}, "
           f"{meta['date'][:10]}." + (" Forward TFLOP/s = 4·B·H·S²·D (halved when causal) / time; B·S = 16384, "
                                      "H = 2048 / D; ratios are time(anchor) / time(flashext).\n" if fwd else "\n"))
     anchors = [name for name in ("sdpa_flash", "sdpa_cudnn", "sdpa_default", "flex_attention", "triton_twin",
@@ -105,7 +112,7 @@ def attention_tables(payload, summary: bool = False) -> None:
 
 def train_tables(payload, summary: bool = False) -> None:
     meta, rows = payload["meta"], [r for r in payload["rows"] if r["section"] == "train"]
-    print(f"{meta['gpu']}, torch {meta['torch']}, commit `{meta['commit'][:10]}`, {meta['date'][:10]}. "
+    print(f"{meta['gpu']}, torch {meta['torch']}, commit {commit_label(meta)}, {meta['date'][:10]}. "
           "TFLOP/s: forward 4·B·H·S²·D, backward 2.5× that (halved when causal); B·S = 16384, H = 2048 / D; "
           "ratios are time(anchor) / time(flashext).\n")
     anchors = [name for name in ("sdpa_flash", "sdpa_cudnn", "sdpa_default", "triton_twin")
@@ -145,10 +152,13 @@ def train_tables(payload, summary: bool = False) -> None:
 
 def decode_tables(payload) -> None:
     meta, rows = payload["meta"], payload["rows"]
-    print(f"{meta['gpu']}, torch {meta['torch']}, commit `{meta['commit'][:10]}`, {meta['date'][:10]}. One query "
+    print(f"{meta['gpu']}, torch {meta['torch']}, commit {commit_label(meta)}, {meta['date'][:10]}. One query "
           "token, 32 query / 8 KV heads, D = 128; GB/s of K and V read; ratios are time(anchor) / time(flashext); "
           "the read anchor is one pass that only reads the same bytes.\n")
     decode = [r for r in rows if r["section"] == "decode"]
+    if not decode:  # (a run of the paged section only)
+        decode_paged(rows)
+        return
     anchors = ["sdpa_flash", "sdpa_cudnn", "sdpa_math"] + (["flashext_split1"] if any(
         "flashext_split1" in r for r in decode) else [])
     table(["dtype", "B × KV length", "flashext GB/s", "of read anchor", "vs SDPA flash", "vs cuDNN", "vs SDPA math"]
@@ -157,6 +167,10 @@ def decode_tables(payload) -> None:
             f"{r['flashext']['gbps'] / r['read_anchor']['gbps']:.2f}",
             *(f"{r[n]['ms'] / r['flashext']['ms']:.2f}×" if "ms" in r.get(n, {}) else "n/a" for n in anchors)]
            for r in decode))
+    decode_paged(rows)
+
+
+def decode_paged(rows) -> None:
     paged = [r for r in rows if r["section"] == "paged"]
     if paged:
         sizes = sorted(int(n[len("flashext_page"):]) for n in paged[0] if n.startswith("flashext_page"))
@@ -168,7 +182,7 @@ def decode_tables(payload) -> None:
 
 def sparse_table(payload) -> None:
     meta, rows = payload["meta"], [r for r in payload["rows"] if r["section"] == "sparse"]
-    print(f"{meta['gpu']}, torch {meta['torch']}, commit `{meta['commit'][:10]}`, {meta['date'][:10]}. bf16, "
+    print(f"{meta['gpu']}, torch {meta['torch']}, commit {commit_label(meta)}, {meta['date'][:10]}. bf16, "
           "D = 128, 16 heads, B · S = 16384, random block masks; speed-up = time(dense flash_attention) / "
           "time(block_sparse_attention), same inputs, same run.\n")
     table(["S", "block", "density (measured)", "block-sparse ms", "dense ms", "speed-up"],
@@ -179,7 +193,7 @@ def sparse_table(payload) -> None:
 
 def models_table(payload) -> None:
     meta, rows = payload["meta"], payload["rows"]
-    print(f"{meta['gpu']}, torch {meta['torch']}, commit `{meta['commit'][:10]}`, {meta['date'][:10]}. A "
+    print(f"{meta['gpu']}, torch {meta['torch']}, commit {commit_label(meta)}, {meta['date'][:10]}. A "
           "Llama-3.2-1B-shaped LlamaForCausalLM (random weights, bf16); ms, and time(\"sdpa\") / "
           "time(flashext) in the same run.\n")
     dense = [r for r in rows if r["section"] != "generate"]
@@ -247,9 +261,9 @@ def runs_tables(path: Path, summary: bool = False) -> None:
         other = json.loads(sibling.read_text())
         if other.get("section") == section and "points" in other and other.get("anchor") != anchor:
             others[other["anchor"]] = {key(p): p for p in other["points"]}
-    commits = sorted({r["commit"][:7] for r in runs})
+    commits = sorted({commit_label(r) for r in runs})
     dates = sorted({r["date"][:10] for r in runs})
-    print(f"{runs[0]['gpu']}, torch {runs[0]['torch']}, commit {', '.join(f'`{c}`' for c in commits)}, "
+    print(f"{runs[0]['gpu']}, torch {runs[0]['torch']}, commit {', '.join(commits)}, "
           f"{', '.join(dates)}: {len(runs)} runs; ratios are time(anchor) / time(flashext), per point the "
           f"median of the runs.\n")
     metric = {"fwd": "ms", "train": "fwd_bwd_ms", "decode": "ms"}[section]
@@ -352,7 +366,7 @@ def main(path: str, summary: bool = False) -> None:
     meta = payload["meta"]
     ceiling = max(payload["ceiling_copy_gbps"], payload.get("ceiling_copy_gbps_end", 0))
     rows = payload["rows"]
-    print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit `{meta['commit'][:10]}`, "
+    print(f"{meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit {commit_label(meta)}, "
           f"{meta['date'][:10]}; copy ceiling {ceiling:.0f} GB/s (2 GiB device-to-device copy).\n")
     if summary:
         gelu_summary(payload, ceiling)
