@@ -156,21 +156,15 @@ def decode_tables(payload) -> None:
           "token, 32 query / 8 KV heads, D = 128; GB/s of K and V read; ratios are time(anchor) / time(flashext); "
           "the read anchor is one pass that only reads the same bytes.\n")
     decode = [r for r in rows if r["section"] == "decode"]
-    if not decode:  # (a run of the paged section only)
-        decode_paged(rows)
-        return
-    anchors = ["sdpa_flash", "sdpa_cudnn", "sdpa_math"] + (["flashext_split1"] if any(
-        "flashext_split1" in r for r in decode) else [])
-    table(["dtype", "B × KV length", "flashext GB/s", "of read anchor", "vs SDPA flash", "vs cuDNN", "vs SDPA math"]
-          + (["vs one split"] if "flashext_split1" in anchors else []),
-          ([r["dtype"], f"{r['batch']} × {r['seqlen']}", f"{r['flashext']['gbps']:.0f}",
-            f"{r['flashext']['gbps'] / r['read_anchor']['gbps']:.2f}",
-            *(f"{r[n]['ms'] / r['flashext']['ms']:.2f}×" if "ms" in r.get(n, {}) else "n/a" for n in anchors)]
-           for r in decode))
-    decode_paged(rows)
-
-
-def decode_paged(rows) -> None:
+    if decode:  # (a run of the paged section alone has none)
+        anchors = ["sdpa_flash", "sdpa_cudnn", "sdpa_math"] + (["flashext_split1"] if any(
+            "flashext_split1" in r for r in decode) else [])
+        table(["dtype", "B × KV length", "flashext GB/s", "of read anchor", "vs SDPA flash", "vs cuDNN",
+               "vs SDPA math"] + (["vs one split"] if "flashext_split1" in anchors else []),
+              ([r["dtype"], f"{r['batch']} × {r['seqlen']}", f"{r['flashext']['gbps']:.0f}",
+                f"{r['flashext']['gbps'] / r['read_anchor']['gbps']:.2f}",
+                *(f"{r[n]['ms'] / r['flashext']['ms']:.2f}×" if "ms" in r.get(n, {}) else "n/a" for n in anchors)]
+               for r in decode))
     paged = [r for r in rows if r["section"] == "paged"]
     if paged:
         sizes = sorted(int(n[len("flashext_page"):]) for n in paged[0] if n.startswith("flashext_page"))

@@ -196,11 +196,12 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
       }
     }
   };
+  const auto tile_dst = [&](const T* smem, int buffer) {  // this thread's first slot of a K or V buffer
+    return ptx::smem_addr(smem + buffer * Config::kTileKV) + copy_dst0;
+  };
   const auto load_kv = [&](int buffer, int n) {
-    copy_tile(ptx::smem_addr(smem_k + buffer * Config::kTileKV) + copy_dst0, n, k_thread, p.k_page_stride,
-              p.k_row_stride, k_step, k);
-    copy_tile(ptx::smem_addr(smem_v + buffer * Config::kTileKV) + copy_dst0, n, v_thread, p.v_page_stride,
-              p.v_row_stride, v_step, v);
+    copy_tile(tile_dst(smem_k, buffer), n, k_thread, p.k_page_stride, p.k_row_stride, k_step, k);
+    copy_tile(tile_dst(smem_v, buffer), n, v_thread, p.v_page_stride, p.v_row_stride, v_step, v);
   };
 
   const bool softcap_on = p.softcap > 0.0f;
@@ -391,8 +392,8 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocks)
           load_kv(ahead % kStages, n_lo + ahead * kBlockN);
         } else {
           const int b_ahead = ahead % kStages, n = n_lo + ahead * kBlockN;
-          copy_rows(ptx::smem_addr(smem_k + b_ahead * Config::kTileKV) + copy_dst0, n, k_src, k_step, k);
-          copy_rows(ptx::smem_addr(smem_v + b_ahead * Config::kTileKV) + copy_dst0, n, v_src, v_step, v);
+          copy_rows(tile_dst(smem_k, b_ahead), n, k_src, k_step, k);
+          copy_rows(tile_dst(smem_v, b_ahead), n, v_src, v_step, v);
           k_src += k_tile;
           v_src += v_tile;
         }
