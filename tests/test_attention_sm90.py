@@ -1,6 +1,6 @@
 """The Hopper forward (csrc/kernels/attention/flash_fwd_sm90.cu) through its private op
-flashext::_flash_attn_fwd_sm90, and the Hopper backward's version 0 (flash_bwd_sm90.cu) through
-flashext::_flash_attn_bwd_sm90 (D = 64 and 128, dense, full or causal), against the reference by
+flashext::_flash_attn_fwd_sm90, and the Hopper backward (flash_bwd_sm90.cu) through
+flashext::_flash_attn_bwd_sm90 (head dims up to 128, dense, full or causal), against the reference by
 DESIGN.md's rule: D = 64, 128 and 256, dense, fp16 / bf16, every mask and option (flash_attention
 and flash_attention_varlen dispatch to the forward at D = 128 and 256 and at long D = 64, and to
 the backward at D = 64 and 128, where the whole attention suite runs on them too; the C++ test
@@ -137,7 +137,7 @@ def test_meta_shapes_and_checks():
         attend(*make_qkv(1, 8, 8, 3, 2, 128, torch.float16, device="meta"))
 
 
-# ---- the Hopper backward, version 0 ------------------------------------------------------------
+# ---- the Hopper backward -----------------------------------------------------------------------
 
 
 def check_backward(q, k, v, causal=False):

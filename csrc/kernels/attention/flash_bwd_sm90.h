@@ -1,4 +1,4 @@
-// flashext Hopper FlashAttention backward (flash_bwd_sm90.cu), version 0: kernels for D = 64 and 128,
+// flashext Hopper FlashAttention backward (flash_bwd_sm90.cu): kernels for D = 64 and 128,
 // which take every head dim up to 128 (multiples of 8, on the next of them), dense or
 // packed varlen batches, fp16 / bf16, full, causal or windowed attention, soft-cap, GQA, dQ added
 // atomically or (deterministic) in key block order. The torch layer (csrc/torch/attention.cpp)
@@ -13,7 +13,7 @@
 
 namespace flashext {
 
-// Whether these params are ones version 0 takes (the rest: cudaErrorInvalidValue from the run):
+// Whether these params are ones the Hopper backward takes (the rest: cudaErrorInvalidValue from the run):
 // the scope above, seqlen_q and seqlen_k > 0, varlen with both cu_seqlens and 0 < total_q, total_k
 // ≤ INT32_MAX, and q, k, v, dout, dk, dv 16-byte aligned with strides of whole 16-byte chunks
 // (its TMA maps).
