@@ -1,7 +1,7 @@
 """Reads the per-block CSVs of probe_decode.sh (PROBE_TRACE_DIR) and prints, per file, how the
 blocks' finish times spread by SM: per SM its blocks and the mean time its blocks took from start to
 keys done, the SMs sorted by that, and the same grouped by TPC (SM id // 2, two SMs a TPC). A
-debugging tool for the one-wave tail (docs/notes/attention.md, decode section).
+debugging tool for the one-wave tail (docs/notes/decode.md, "Grid balance").
 
     python benchmarks/experiments/decode_trace_summary.py DIR_OR_CSV [...]
 """

@@ -7,7 +7,7 @@ the innermost loop that issues HGMMA (the back branch with the shortest body hol
 shortest path through it from its head to that back branch: a full key block with no mask, no
 soft-cap and no varlen guard, and every barrier wait passing at once, the iteration that dominates a
 long call. Its counts by kind (FP: FADD, FMUL, FFMA, FMNMX, MUFU, F2FP; the rest is the integer,
-uniform, predicate and synchronisation work around them) are what docs/notes/attention.md compares
+uniform, predicate and synchronisation work around them) are what docs/notes/attention_sm90_*.md compare
 with cuDNN's source-level profile. `--list` prints the path itself. `--tile` counts instead what a
 tile costs outside its key loop: the shortest path through the outermost HGMMA loop (the tile
 loop) that passes the first block's S and the last P V without entering the key loop (the walk,

@@ -20,7 +20,7 @@ does not (yet) hold the use it expects, a load overwriting a buffer a running wg
 write into a stage that a wgmma still reads or a load has refilled, and a release before its
 readers retired or a barrier left with partial arrivals. As a check of the
 model, the known hang (a warpgroup releasing right after a bare wait, with no wgmma between:
-docs/notes/attention.md, "Per-warpgroup key ranges, and a hang") must show up."""
+docs/notes/attention_sm90_fwd.md, "Per-warpgroup key ranges, and a hang") must show up."""
 import random
 import sys
 

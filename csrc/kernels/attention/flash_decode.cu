@@ -710,7 +710,7 @@ int flash_decode_num_splits(int batch, int heads, int heads_kv, int seqlen_q, in
   // Decode blocks (one m16 row tile, D ≤ 128: the three-stage kernels) over dense caches in a grid
   // of at most one per SM count at two blocks' rate: such a grid streams about as fast as one of two
   // blocks per SM with half the keys each. Over paged caches it does not, so they keep one block's
-  // rate (docs/notes/attention.md, decode section, has both measurements). The fewest splits
+  // rate (docs/notes/decode.md, "Split count", has both measurements). The fewest splits
   // within 5 % of the cheapest: over many waves the model's last-wave rounding is finer than what
   // it predicts.
   const int64_t rows = std::min<int64_t>(kBlockM, int64_t(heads / heads_kv) * seqlen_q);

@@ -10,7 +10,7 @@
 // l sums the same 16-bit P that P V multiplies (an mma against ones), so O's weights add up to 1
 // as far as fp32 goes, whatever the rounding of P: with huge logits, where the folded exponent
 // leaves the max's own P at 2^r (r: the fp32 residual of m · c), a one-hot row still returns its
-// v exactly (docs/notes/attention.md).
+// v exactly (docs/notes/attention.md, "The row sum and the exponent").
 //
 // Grid: (ceil(Sq / kBlockM), H, B), the last query block first. At D = 256, when every query block
 // has the same work (no mask, no window, dense batch) and there are more tiles than fit at once,

@@ -1,5 +1,5 @@
-// flashext FlashAttention forward on Hopper (sm_90a): the structure of the plan in
-// docs/notes/attention.md ("Plan for the Hopper forward", versions and figures there) with the
+// flashext FlashAttention forward on Hopper (sm_90a): the design in
+// docs/notes/attention_sm90_fwd.md (versions and figures there) with the
 // overlap inside a warpgroup (block j's softmax while block j - 1's P V runs)
 // (flash_fwd_sm90.h says who calls, checks and times it).
 //
@@ -111,7 +111,7 @@ struct Sm90FwdConfig {
   // Whether a causal unit's shorter tile comes first (sm90_tile_walk.h), so that the longer one
   // rereads their shared first K / V blocks from L2, not DRAM: at D = 256, where the heads in
   // flight fill most of the L2 (+5 % at causal S = 512); at D ≤ 128 it paid nothing
-  // (docs/notes/attention.md, "A causal unit's shorter tile first at D = 256").
+  // (docs/notes/attention_sm90_fwd.md, "A causal unit's shorter tile first at D = 256").
   static constexpr bool kShortTileFirst = kHeadDim == 256;
   // The two consumer warpgroups take turns issuing their GEMMs (FlashAttention-3's ping-pong):
   // at D = 128, where a block's GEMMs take about as long as the other warpgroup's softmax. H100
@@ -149,13 +149,13 @@ struct Sm90FwdConfig {
   // alignment, the approximate reciprocal and log2 of the epilogue, the producer's suspended
   // waits, and (128 rows: the 192-row kernel's 160 registers spill with it) the right diagonal's
   // one comparison per two scores. They pay where a tile has few key blocks; elsewhere they cost
-  // (docs/notes/attention.md, "The short-tile form").
+  // (docs/notes/attention_sm90_fwd.md, "The short-tile form").
   static constexpr bool kShortTiles = kShortTiles_;
   // Whether a tile's first block is peeled off the key loop (its S alone, then its softmax) or
   // runs as the loop's first iteration with an empty wgmma group in its P V's place, which keeps
   // one copy of the softmax in the machine code instead of two: +2-3 % at D = 64 causal 512, whose
   // tiles are short; at D = 128 it lost up to 8 %, and the 192-row kernel spills with it
-  // (docs/notes/attention.md, "A tile's first block inside the key loop").
+  // (docs/notes/attention_sm90_fwd.md, "A tile's first block inside the key loop").
   static constexpr bool kPeelFirstBlock = !(kShortTiles && kConsumers == 2);
   static constexpr int kAlignSlack = kShortTiles ? 0 : 1024;
   // Two Q buffers where they fit (the next tile's Q lands during this tile's last blocks), else one
@@ -548,7 +548,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // O / l of tile y out of acc_o (Config::kEpilogueUnderGemms), by TMA through this warpgroup's
   // part of the O tile or from registers: as the epilogue below writes it (no O in a stage there).
   // (Written out twice: one helper for both lengthened D = 256's 80-key loop by six instructions,
-  // 1.3 % slower there; docs/notes/attention.md, "What is left".)
+  // 1.3 % slower there; docs/notes/attention_sm90_fwd.md, "Measured and rejected".)
   const auto write_o = [&](const Tile& y, bool tma, const float (&iv)[2]) {
     static_assert(!Config::kEpilogueUnderGemms || (!Config::kOInStage && Config::kPeelFirstBlock),
                   "a deferred O has no stage of its own and leaves under a peeled first S");
@@ -917,7 +917,7 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
       // without a mask keep 192 rows (their only masked blocks are sequence ends). Unmasked dense
       // calls under 2K keys (tiles of at most 16 key blocks) take the 192-row kernel's short-tile
       // form (Sm90FwdConfig::kShortTiles). The measurements behind both thresholds are in
-      // docs/notes/attention.md.
+      // docs/notes/attention_sm90_fwd.md, "Tiles per head dim".
       case 64:
         if (diagonal && visible_keys(p) < 4096) return launch<T, Sm90FwdConfig<64, 128, 128, true>>(p, stream);
         return unmasked && p.seqlen_k < 2048 ? launch<T, Sm90FwdConfig<64, 128, 192, true>>(p, stream)

@@ -1,8 +1,8 @@
 // flashext Hopper (sm_90a) primitives, as inline PTX: mbarriers, TMA tile loads and stores, bulk
 // copies and reductions, the async proxy fence, warpgroup MMA (wgmma) with shared-memory matrix
 // descriptors, stmatrix, named barriers, and register reallocation.
-// The building blocks of the Hopper attention path (docs/notes/attention.md, "Plan for the Hopper
-// forward"); tests/cpp/test_sm90.cu checks each against the CPU. Compiled for anything but sm_90a
+// The building blocks of the Hopper attention path (docs/notes/attention_sm90_fwd.md, "Pipeline
+// and barriers"); tests/cpp/test_sm90.cu checks each against the CPU. Compiled for anything but sm_90a
 // (whose `a` features these are) every function traps: callers dispatch on the device first.
 #pragma once
 
