@@ -2,16 +2,16 @@
 
     python3 benchmarks/experiments/sass_hot_path.py KERNELS.cubin [NAME_REGEX] [--list] [--tile]
 
-For each kernel of the cubin whose name matches NAME_REGEX (default: every flash_*_sm90_kernel),
-the innermost loop that issues HGMMA (the back branch with the shortest body holding one), and the
+For each kernel of the cubin whose name matches NAME_REGEX (default: every flash_*_sm90_kernel), the
+innermost loop that issues HGMMA (the back branch with the shortest body holding one), and the
 shortest path through it from its head to that back branch: a full key block with no mask, no
 soft-cap and no varlen guard, and every barrier wait passing at once, the iteration that dominates a
 long call. Its counts by kind (FP: FADD, FMUL, FFMA, FMNMX, MUFU, F2FP; the rest is the integer,
-uniform, predicate and synchronisation work around them) are what docs/notes/attention_sm90_*.md compare
-with cuDNN's source-level profile. `--list` prints the path itself. `--tile` counts instead what a
-tile costs outside its key loop: the shortest path through the outermost HGMMA loop (the tile
-loop) that passes the first block's S and the last P V without entering the key loop (the walk,
-the first block's S and softmax, the last P V, the epilogue; the shortest epilogue branch), which
+uniform, predicate and synchronisation work around them) are what docs/notes/attention_sm90_*.md
+compare with cuDNN's source-level profile. `--list` prints the path itself. `--tile` counts instead
+what a tile costs outside its key loop: the shortest path through the outermost HGMMA loop (the tile
+loop) that passes the first block's S and the last P V without entering the key loop (the walk, the
+first block's S and softmax, the last P V, the epilogue; the shortest epilogue branch), which
 a kernel whose first block runs inside its key loop (Sm90FwdConfig::kPeelFirstBlock false) has not.
 
 The cubin: `nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include

@@ -1,14 +1,14 @@
 """A model of how long the Hopper forward's causal tile walks take on the benchmark grid
 (csrc/kernels/attention/sm90_tile_walk.h, and the counted walk, timed and rejected at 2f7cd3e:
-`git show 2f7cd3e:benchmarks/experiments/sm90_fwd_counted_walk.patch`, docs/notes/attention_sm90_fwd.md),
-to weigh a walk before a GPU times it.
+`git show 2f7cd3e:benchmarks/experiments/sm90_fwd_counted_walk.patch`;
+docs/notes/attention_sm90_fwd.md), to weigh a walk before a GPU times it.
 
     python3 benchmarks/experiments/sm90_fwd_walk_model.py [--sms 132] [--fixed 1.5] [--l2-mib 50]
 
-Time is counted in key blocks of 128 keys (64 at D = 256): a causal tile costs its key blocks
-plus `--fixed` blocks (its prologue and epilogue: about 1.5 blocks in the fit of
-docs/notes/attention_sm90_fwd.md, "Where the time per tile goes"). Tiles as the kernels take causal calls:
-128 query rows, at D = 64 from 4K keys 192. Printed per head dim and length (B · S = 16384,
+Time is counted in key blocks of 128 keys (64 at D = 256): a causal tile costs its key blocks plus
+`--fixed` blocks (its prologue and epilogue: about 1.5 blocks in the fit of
+docs/notes/attention_sm90_fwd.md, "Where the time per tile goes"). Tiles as the kernels take causal
+calls: 128 query rows, at D = 64 from 4K keys 192. Printed per head dim and length (B · S = 16384,
 H · D = 2048, one query head per KV head): the walks' finishing times against the units' (two
 tiles of equal work, strided over the CTAs) as (units' time / the walk's time − 1):
   ideal    every CTA the same share of the work (the bound no walk beats);

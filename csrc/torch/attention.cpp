@@ -474,8 +474,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd(
 }
 
 // The Hopper backward by itself (flash_bwd_sm90.h), for its tests (flash_attention's backward
-// reaches it through run_backward): head dims up to 128, dense, full or causal, on an sm_90 GPU with a
-// build holding sm_90a code.
+// reaches it through run_backward): head dims up to 128, dense, full or causal, on an sm_90 GPU
+// with a build holding sm_90a code.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attn_bwd_sm90(const at::Tensor& dout_in, const at::Tensor& q_in,
                                                                    const at::Tensor& k_in, const at::Tensor& v_in,
                                                                    const at::Tensor& out_in, const at::Tensor& lse_in,

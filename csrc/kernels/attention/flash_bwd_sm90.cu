@@ -1,5 +1,5 @@
-// flashext FlashAttention backward on Hopper (sm_90a) (flash_bwd_sm90.h: its scope and who calls
-// it). The design and its measurements: docs/notes/attention_sm90_bwd.md.
+// flashext FlashAttention backward on Hopper (sm_90a); flash_bwd_sm90.h gives its scope and who
+// calls it. The design and its measurements: docs/notes/attention_sm90_bwd.md.
 //
 // With P = softmax of the forward (recomputed from Q, K and the saved lse), per query row i:
 //   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D),  D_i = Σ_d dO_id O_id,  dK = dSᵀ Q · scale,

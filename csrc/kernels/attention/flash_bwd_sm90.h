@@ -13,10 +13,10 @@
 
 namespace flashext {
 
-// Whether these params are ones the Hopper backward takes (the rest: cudaErrorInvalidValue from the run):
-// the scope above, seqlen_q and seqlen_k > 0, varlen with both cu_seqlens and 0 < total_q, total_k
-// ≤ INT32_MAX, and q, k, v, dout, dk, dv 16-byte aligned with strides of whole 16-byte chunks
-// (its TMA maps).
+// Whether these params are ones the Hopper backward takes (the rest: cudaErrorInvalidValue from the
+// run): the scope above, seqlen_q and seqlen_k > 0, varlen with both cu_seqlens and 0 < total_q,
+// total_k ≤ INT32_MAX, and q, k, v, dout, dk, dv 16-byte aligned with strides of whole 16-byte
+// chunks (its TMA maps).
 bool flash_bwd_sm90_takes(const FlashBwdParams& params);
 
 cudaError_t run_flash_bwd_sm90(const FlashBwdParams& params, void* workspace, cudaStream_t stream);

@@ -2,8 +2,8 @@
 // copies and reductions, the async proxy fence, warpgroup MMA (wgmma) with shared-memory matrix
 // descriptors, stmatrix, named barriers, and register reallocation.
 // The building blocks of the Hopper attention path (docs/notes/attention_sm90_fwd.md, "Pipeline
-// and barriers"); tests/cpp/test_sm90.cu checks each against the CPU. Compiled for anything but sm_90a
-// (whose `a` features these are) every function traps: callers dispatch on the device first.
+// and barriers"); tests/cpp/test_sm90.cu checks each against the CPU. Compiled for anything but
+// sm_90a (whose `a` features these are) every function traps: callers dispatch on the device first.
 #pragma once
 
 #include <cuda_bf16.h>
